@@ -1,0 +1,305 @@
+"""The pod runner: kubelet's part for a kwok cluster.
+
+kwok marks pods Running but runs nothing. For every Running pod that a rule
+maps to a command, the runner starts a local process (with the pod's env, in
+its own process group, pod IP in the environment), restarts it per the pod's
+restartPolicy when it exits, stops it when the pod terminates or goes, and
+starts a fresh one for a new pod UID. Pods that run to completion
+(restartPolicy Never/OnFailure) get their exit reported in pods/status.
+
+Run as `python -m shoal_testbed.podrunner --kubeconfig K --log-dir D`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config, watch
+
+from shoal_testbed import procs
+from shoal_testbed.podspec import Pod
+from shoal_testbed.rules import Launch, Rule
+
+log = logging.getLogger("podrunner")
+
+_BACKOFF_MAX_SECONDS = 10.0
+
+
+@dataclass
+class Running:
+    pod: Pod
+    launch: Launch
+    process: subprocess.Popen[bytes] | None
+    restarts: int = 0
+    restart_at: float = 0.0
+    finished: bool = False
+
+
+def runnable(pod: Pod) -> bool:
+    meta, status = pod.get("metadata", {}), pod.get("status", {})
+    return (
+        not meta.get("deletionTimestamp")
+        and status.get("phase") == "Running"
+        and bool(status.get("podIP"))
+    )
+
+
+def pod_key(pod: Pod) -> str:
+    meta = pod["metadata"]
+    return f"{meta.get('namespace', '')}/{meta['name']}"
+
+
+class PodRunner:
+    def __init__(self, *, api: client.CoreV1Api, rules: Sequence[Rule], log_dir: Path) -> None:
+        self.api = api
+        self.rules = rules
+        self.log_dir = log_dir
+        self.pods: dict[str, Pod] = {}  # by UID, as last seen by the watch
+        self.lock = threading.Lock()
+        self.running: dict[str, Running] = {}  # by UID
+        self.stop_event = threading.Event()
+        self.synced = threading.Event()
+
+    # ---- watch: keep self.pods equal to the API's pods
+    def watch_forever(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                # Raw JSON: rules read pods as the API writes them (camelCase).
+                response: Any = self.api.list_pod_for_all_namespaces(_preload_content=False)
+                listing = json.loads(response.data)
+                with self.lock:
+                    self.pods = {p["metadata"]["uid"]: p for p in listing["items"]}
+                self.synced.set()
+                version = listing["metadata"]["resourceVersion"]
+                stream = watch.Watch().stream(
+                    self.api.list_pod_for_all_namespaces,
+                    resource_version=version,
+                    timeout_seconds=60,
+                    allow_watch_bookmarks=True,
+                )
+                for event in stream:
+                    if self.stop_event.is_set():
+                        return
+                    kind, raw = event["type"], event["raw_object"]
+                    if kind == "ERROR":
+                        break  # e.g. 410 Gone: re-list
+                    if kind == "BOOKMARK":
+                        continue
+                    with self.lock:
+                        if kind == "DELETED":
+                            self.pods.pop(raw["metadata"]["uid"], None)
+                        else:
+                            self.pods[raw["metadata"]["uid"]] = raw
+            except Exception as error:
+                log.warning("pod watch failed, re-listing: %s", error)
+                time.sleep(1)
+
+    # ---- supervise: converge processes on the pods
+    def launch_for(self, pod: Pod) -> Launch | None:
+        for rule in self.rules:
+            launch = rule(pod)
+            if launch is not None:
+                return launch
+        return None
+
+    def supervise_once(self) -> None:
+        with self.lock:
+            wanted = {uid: pod for uid, pod in self.pods.items() if runnable(pod)}
+        for uid in list(self.running):
+            if uid not in wanted:
+                self._stop(uid, reason="pod terminating or gone")
+        for uid, pod in wanted.items():
+            entry = self.running.get(uid)
+            if entry is None:
+                launch = self.launch_for(pod)
+                if launch is None:
+                    continue
+                entry = Running(pod=pod, launch=launch, process=None)
+                self.running[uid] = entry
+                self._start(uid, entry)
+                continue
+            entry.pod = pod
+            self._check_exit(uid, entry)
+
+    def _log_path(self, pod: Pod) -> Path:
+        meta = pod["metadata"]
+        return self.log_dir / f"{meta.get('namespace', '')}_{meta['name']}_{meta['uid'][:8]}.log"
+
+    def _start(self, uid: str, entry: Running) -> None:
+        pod = entry.pod
+        env = {
+            **os.environ,
+            **entry.launch.env,
+            "SHOAL_POD_IP": pod["status"]["podIP"],
+            "SHOAL_POD_NAME": pod["metadata"]["name"],
+            "SHOAL_POD_NAMESPACE": pod["metadata"].get("namespace", ""),
+            "SHOAL_POD_UID": uid,
+        }
+        try:
+            entry.process = procs.start(
+                entry.launch.argv, log_path=self._log_path(pod), env=env, die_with_parent=True
+            )
+        except OSError as error:
+            log.error("%s: cannot start %s: %s", pod_key(pod), entry.launch.argv, error)
+            entry.process = None
+            entry.restart_at = time.monotonic() + _BACKOFF_MAX_SECONDS
+            return
+        log.info(
+            "%s (uid %s): started pid %d: %s",
+            pod_key(pod),
+            uid[:8],
+            entry.process.pid,
+            " ".join(entry.launch.argv),
+        )
+
+    def _check_exit(self, uid: str, entry: Running) -> None:
+        if entry.finished:
+            return
+        if entry.process is None:
+            if time.monotonic() >= entry.restart_at:
+                self._start(uid, entry)
+            return
+        code = entry.process.poll()
+        if code is None:
+            return
+        policy = entry.pod.get("spec", {}).get("restartPolicy", "Always")
+        restart = policy == "Always" or (policy == "OnFailure" and code != 0)
+        log.info("%s: process exited with %d (restartPolicy %s)", pod_key(entry.pod), code, policy)
+        self._report_exit(entry, code, restart=restart)
+        if restart:
+            # kubelet's CrashLoopBackOff, shortened for tests.
+            entry.restarts += 1
+            entry.process = None
+            entry.restart_at = time.monotonic() + min(
+                2.0 ** (entry.restarts - 1), _BACKOFF_MAX_SECONDS
+            )
+        else:
+            entry.finished = True
+
+    def _report_exit(self, entry: Running, code: int, *, restart: bool) -> None:
+        """Write the exit into pods/status as kubelet would, so users and
+        controllers see restarts and completions."""
+        pod = entry.pod
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        terminated = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "finishedAt": now,
+        }
+        statuses: list[dict[str, Any]] = []
+        for spec in pod.get("spec", {}).get("containers", []):
+            status: dict[str, Any] = {"name": spec["name"], "image": spec.get("image", "")}
+            if restart:
+                status.update(
+                    restartCount=entry.restarts + 1,
+                    ready=False,
+                    started=True,
+                    lastState={"terminated": terminated},
+                    state={"running": {"startedAt": now}},
+                )
+            else:
+                status.update(
+                    restartCount=entry.restarts,
+                    ready=False,
+                    started=False,
+                    state={"terminated": terminated},
+                )
+            statuses.append(status)
+        body: dict[str, Any] = {"status": {"containerStatuses": statuses}}
+        if not restart:
+            body["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
+        try:
+            self.api.patch_namespaced_pod_status(
+                pod["metadata"]["name"], pod["metadata"].get("namespace", ""), body
+            )
+        except client.ApiException as error:
+            log.warning("%s: cannot report exit: %s", pod_key(pod), error.reason)
+
+    def _stop(self, uid: str, *, reason: str) -> None:
+        entry = self.running.pop(uid)
+        if entry.process is not None and entry.process.poll() is None:
+            log.info(
+                "%s (uid %s): stopping pid %d: %s",
+                pod_key(entry.pod),
+                uid[:8],
+                entry.process.pid,
+                reason,
+            )
+            process = entry.process
+
+            # Stop in the background: a slow process must not hold up the others.
+            def reap() -> None:
+                procs.stop_group(process.pid)
+                process.wait()
+
+            threading.Thread(target=reap, daemon=True).start()
+
+    def stop_all(self) -> None:
+        self.stop_event.set()
+        for uid in list(self.running):
+            entry = self.running.pop(uid)
+            if entry.process is not None and entry.process.poll() is None:
+                procs.stop_group(entry.process.pid)
+
+
+def load_rules(spec: str) -> Sequence[Rule]:
+    module_name, _, attr = spec.partition(":")
+    rules: Sequence[Rule] = getattr(importlib.import_module(module_name), attr)
+    return rules
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="shoal_testbed.podrunner", description=__doc__)
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--log-dir", type=Path, required=True)
+    parser.add_argument(
+        "--rules",
+        default="shoal_testbed.rules:DEFAULT_RULES",
+        help="module:attribute naming a sequence of rules",
+    )
+    parser.add_argument(
+        "--ready-file", type=Path, help="touched once the first pod listing has been read"
+    )
+    parser.add_argument("--interval-seconds", type=float, default=0.1)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+
+    api = client.CoreV1Api(config.new_client_from_config(config_file=args.kubeconfig))
+    runner = PodRunner(api=api, rules=load_rules(args.rules), log_dir=args.log_dir)
+
+    def terminate(signum: int, _frame: object) -> None:
+        runner.stop_event.set()
+
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, terminate)
+    threading.Thread(target=runner.watch_forever, daemon=True).start()
+    while not runner.synced.wait(0.1):
+        if runner.stop_event.is_set():
+            return
+    if args.ready_file:
+        args.ready_file.touch()
+    log.info("pod runner watching pods")
+    try:
+        while not runner.stop_event.is_set():
+            runner.supervise_once()
+            runner.stop_event.wait(args.interval_seconds)
+    finally:
+        runner.stop_all()
+        log.info("pod runner stopped")
+
+
+if __name__ == "__main__":
+    main()

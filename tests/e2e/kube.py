@@ -1,0 +1,72 @@
+"""Small helpers for end-to-end tests against the testbed."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import yaml
+
+from shoal_testbed.cluster import Testbed
+
+T = TypeVar("T")
+
+
+def wait_for(
+    probe: Callable[[], T | None], *, what: str, timeout: float = 60.0, interval: float = 0.25
+) -> T:
+    """Poll probe() until it returns something truthy, and return that."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def get_json(bed: Testbed, *args: str) -> Any:
+    return json.loads(bed.kubectl("get", *args, "-o", "json"))
+
+
+def apply(bed: Testbed, namespace: str, *manifests: dict[str, Any]) -> None:
+    bed.kubectl("apply", "-n", namespace, "-f", "-", input_text=yaml.safe_dump_all(manifests))
+
+
+@contextmanager
+def namespace(bed: Testbed, prefix: str) -> Iterator[str]:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    bed.kubectl("create", "namespace", name)
+    wait_for(
+        lambda: bed.kubectl("get", "serviceaccount", "default", "-n", name, check=False),
+        what=f"default ServiceAccount in {name}",
+    )
+    try:
+        yield name
+    finally:
+        bed.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def condition(obj: dict[str, Any], kind: str) -> str | None:
+    for cond in obj.get("status", {}).get("conditions", []):
+        if cond.get("type") == kind:
+            return str(cond.get("status"))
+    return None
+
+
+def pods(bed: Testbed, namespace: str, selector: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = get_json(bed, "pods", "-n", namespace, "-l", selector)["items"]
+    return items
+
+
+def pod_if(
+    bed: Testbed, namespace: str, name: str, predicate: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any] | None:
+    """The pod, if it satisfies predicate (for wait_for)."""
+    pod: dict[str, Any] = get_json(bed, "pod", name, "-n", namespace)
+    return pod if predicate(pod) else None

@@ -1,0 +1,111 @@
+"""Pure parts of the testbed: fake nodes, kubelet-style env and $(VAR)
+expansion, the pod runner's rules, and the kwok stage file."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from shoal_testbed import nodes, podspec, rules
+
+STAGES = Path(__file__).resolve().parents[2] / "hack" / "testbed" / "kwok-stages.yaml"
+
+
+def test_gpu_nodes_advertise_gpus_product_and_taint_and_a_loopback_pod_cidr() -> None:
+    built = nodes.build_nodes(octet=123)
+    gpu = [n for n in built if nodes.GPU_RESOURCE in n["status"]["allocatable"]]
+    products = {n["metadata"]["labels"][nodes.GPU_PRODUCT_LABEL] for n in gpu}
+    assert len(gpu) == 5 and len(products) == 2
+    assert (
+        sum(
+            1
+            for n in gpu
+            if n["metadata"]["labels"][nodes.GPU_PRODUCT_LABEL] == "NVIDIA-H100-80GB-HBM3"
+        )
+        == 4
+    )
+    for node in gpu:
+        assert node["status"]["allocatable"][nodes.GPU_RESOURCE] == "8"
+        assert nodes.GPU_TAINT in node["spec"]["taints"]
+    cidrs = [ipaddress.ip_network(n["spec"]["podCIDR"]) for n in built]
+    assert all(c.subnet_of(ipaddress.ip_network("127.123.0.0/16")) for c in cidrs)
+    assert len(set(cidrs)) == len(cidrs), "two nodes share a pod CIDR"
+    cpu_only = [n for n in built if n not in gpu]
+    assert cpu_only and not cpu_only[0]["spec"]["taints"]
+
+
+def test_expand_follows_kubernetes_rules() -> None:
+    env = {"PORT": "8000", "HOST": "127.1.1.2"}
+    assert podspec.expand("--port=$(PORT)", env) == "--port=8000"
+    assert podspec.expand("$(MISSING)", env) == "$(MISSING)"
+    assert podspec.expand("$$(PORT)", env) == "$(PORT)"
+    assert podspec.expand("$(HOST):$(PORT)", env) == "127.1.1.2:8000"
+
+
+POD: dict[str, Any] = {
+    "metadata": {
+        "name": "engine-0",
+        "namespace": "ns",
+        "uid": "u-1",
+        "labels": {"replica": "0"},
+        "annotations": {rules.RUN_ANNOTATION: "web"},
+    },
+    "spec": {
+        "nodeName": "gpu-h100-0",
+        "containers": [
+            {
+                "name": "web",
+                "command": ["python3", "-m", "http.server"],
+                "args": ["--bind", "$(MY_IP)", "$(PORT)"],
+                "env": [
+                    {"name": "PORT", "value": "8080"},
+                    {"name": "URL", "value": "http://$(MY_IP):$(PORT)"},
+                    {"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {
+                        "name": "REPLICA",
+                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['replica']"}},
+                    },
+                ],
+            }
+        ],
+    },
+    "status": {"phase": "Running", "podIP": "127.5.1.3"},
+}
+
+
+def test_annotated_container_runs_its_own_command_with_downward_api_env() -> None:
+    launch = rules.annotated_container(POD)
+    assert launch is not None
+    assert launch.argv == ["python3", "-m", "http.server", "--bind", "127.5.1.3", "8080"]
+    assert launch.env["MY_IP"] == "127.5.1.3"
+    assert launch.env["REPLICA"] == "0"
+    # Earlier entries expand in later ones; later ones do not exist yet (kubelet order).
+    assert launch.env["URL"] == "http://$(MY_IP):8080"
+
+
+def test_pods_without_the_annotation_are_left_alone() -> None:
+    pod = {**POD, "metadata": {**POD["metadata"], "annotations": {}}}
+    assert rules.annotated_container(pod) is None
+    missing = {
+        **POD,
+        "metadata": {**POD["metadata"], "annotations": {rules.RUN_ANNOTATION: "nope"}},
+    }
+    assert rules.annotated_container(missing) is None
+
+
+def test_stage_file_replaces_kwoks_gate_blind_pod_ready() -> None:
+    stages = {doc["metadata"]["name"]: doc for doc in yaml.safe_load_all(STAGES.read_text())}
+    assert {
+        "node-initialize",
+        "node-heartbeat-with-lease",
+        "pod-ready",
+        "pod-readiness-gates",
+        "pod-delete",
+    } <= set(stages)
+    ready_template = stages["pod-ready"]["spec"]["next"]["statusTemplate"]
+    # kwok's default writes every gate as True; ours must only read them.
+    assert ".spec.readinessGates" in ready_template
+    assert "type: {{ .conditionType" not in ready_template
