@@ -79,6 +79,8 @@ class State:
 class Testbed:
     """A running (or startable) control plane in one state directory."""
 
+    __test__ = False  # not a pytest test class, despite the name
+
     def __init__(self, directory: Path, *, owned_by_caller: bool = False) -> None:
         self.dir = directory.resolve()
         # A testbed owned by a pytest run dies with it; see procs.

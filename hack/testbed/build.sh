@@ -30,6 +30,11 @@ link_bin() {
   ln -sfn "$bin" "$link"
 }
 
+# One build at a time per cache (CI starts one early in the background).
+mkdir -p "$cache_root/testbed"
+exec 9>"$cache_root/testbed/.lock"
+flock 9
+
 if [[ -f "$out/.complete" ]]; then
   log "cached: $bin"
   link_bin

@@ -1,0 +1,660 @@
+"""The spec of a VLLMCluster: what the user asks for.
+
+Every description here is `kubectl explain` text. Durations are integer
+`...Seconds` fields and memory sizes are quantities, as in the Kubernetes API
+conventions. Cross-field rules live in `validation` (Python) and `cel` (the
+API server)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from shoal.api.base import ApiModel
+from shoal.api.quantity import Quantity
+from shoal.planner.architecture import Attention, KVCacheDtype, WeightDtype
+from shoal.planner.presets import PresetName
+
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
+
+RouterPolicy = Literal[
+    "round-robin",
+    "random",
+    "least-request",
+    "power-of-two",
+    "load-aware",
+    "session",
+    "prefix",
+    "cache-aware",
+]
+
+# Passed-through Kubernetes objects (EnvVar, Toleration, Affinity,
+# ResourceRequirements): the API server validates them where they land, in the pods.
+KubeObject = dict[str, Any]
+_PASS_THROUGH = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
+def _pass_through_list(max_items: int) -> dict[str, Any]:
+    return {
+        "type": "array",
+        "maxItems": max_items,
+        "items": _PASS_THROUGH,
+        "x-kubernetes-list-type": "atomic",
+    }
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the VLLMCluster's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret.")
+    key: str = Field(
+        default="token", min_length=1, max_length=253, description="Key within the Secret."
+    )
+
+
+class PVCSource(ApiModel):
+    """Model files on a PersistentVolumeClaim, mounted read-only into every engine pod."""
+
+    claim_name: str = Field(
+        min_length=1, max_length=253, description="Name of the PersistentVolumeClaim."
+    )
+    path: str = Field(
+        default="/",
+        max_length=4096,
+        description="Directory of the model inside the volume (where config.json is).",
+    )
+
+
+class HFSource(ApiModel):
+    """A model downloaded from the Hugging Face Hub when the engine starts."""
+
+    id: str | None = Field(
+        default=None,
+        max_length=256,
+        description="Hub repository, e.g. meta-llama/Llama-3.1-70B-Instruct. Default: model.name.",
+    )
+    revision: str | None = Field(
+        default=None, max_length=256, description="Branch, tag or commit. Default: main."
+    )
+    token_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret holding a Hub token, given to the engine as HF_TOKEN "
+        "(needed for gated models such as Llama).",
+    )
+
+
+class ModelSource(ApiModel):
+    """Where the engines load the model from: exactly one of pvc or hf."""
+
+    pvc: PVCSource | None = Field(default=None, description="Load from a PersistentVolumeClaim.")
+    hf: HFSource | None = Field(default=None, description="Download from the Hugging Face Hub.")
+
+
+class ModelArchitecture(ApiModel):
+    """The model's shape, for the capacity planner and the tensor-parallel checks.
+
+    Give a preset, or every one of layers, queryHeads, kvHeads, headSize and
+    parameters; fields given beside a preset override it (e.g. parameters of a
+    fine-tune). Without any architecture shoal recognises the presets' Hugging
+    Face ids in model.name."""
+
+    preset: PresetName | None = Field(
+        default=None, description="A known model whose numbers shoal carries."
+    )
+    layers: int | None = Field(
+        default=None, ge=1, le=4096, description="Transformer layers (num_hidden_layers)."
+    )
+    query_heads: int | None = Field(
+        default=None, ge=1, le=4096, description="Attention query heads (num_attention_heads)."
+    )
+    kv_heads: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="Key/value heads (num_key_value_heads); 1 for MLA models.",
+    )
+    head_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description="Values cached per KV head, token and layer (head_dim); for MLA the "
+        "latent size, kv_lora_rank + qk_rope_head_dim (576 for DeepSeek-V3/R1).",
+    )
+    parameters: int | None = Field(
+        default=None, ge=1, description="Parameter count, e.g. 70600000000."
+    )
+    dtype: WeightDtype | None = Field(
+        default=None, description="Data type of the weights. Default: bfloat16."
+    )
+    kv_cache_dtype: KVCacheDtype | None = Field(
+        default=None,
+        description="Data type of the KV cache (vLLM's --kv-cache-dtype; auto caches in the "
+        "model's compute type, bfloat16 for quantised weights). Default: auto.",
+    )
+    attention: Attention | None = Field(
+        default=None,
+        description="GQA (also MHA and MQA: K and V per KV head) or MLA (one compressed "
+        "latent per token). Default: GQA.",
+    )
+    context_length: int | None = Field(
+        default=None,
+        ge=1,
+        description="The model's maximum context (max_position_embeddings), used when "
+        "engine.maxModelLen is not set.",
+    )
+
+
+class ModelSpec(ApiModel):
+    """The model every replica serves."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=512,
+        description="Hugging Face id or path given to `vllm serve`, "
+        "e.g. meta-llama/Llama-3.1-70B-Instruct.",
+    )
+    served_name: str | None = Field(
+        default=None,
+        max_length=256,
+        description="Name clients put in the OpenAI `model` field (--served-model-name). "
+        "Default: name.",
+    )
+    source: ModelSource | None = Field(
+        default=None,
+        description="Where the weights come from. Default: the Hugging Face Hub, id = name, "
+        "no token.",
+    )
+    architecture: ModelArchitecture | None = Field(
+        default=None,
+        description="The model's shape for capacity planning and the tensor-parallel checks.",
+    )
+
+
+class Parallelism(ApiModel):
+    """How one replica spreads the model over GPUs."""
+
+    tensor: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Tensor-parallel size (--tensor-parallel-size): GPUs each layer is split "
+        "over. Must divide the query heads and divide, or be a multiple of, the KV heads.",
+    )
+    pipeline: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Pipeline-parallel size (--pipeline-parallel-size): stages the layers "
+        "are split into. A replica uses tensor x pipeline GPUs.",
+    )
+    decode_context: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Decode-context-parallel size (--decode-context-parallel-size): TP "
+        "ranks that split each KV head's tokens instead of holding copies, for long "
+        "contexts. Must divide tensor; for GQA models tensor must exceed the KV heads, "
+        "decodeContext be at most tensor / KV heads and divide the query heads per KV head.",
+    )
+
+
+class GPUSpec(ApiModel):
+    """The GPUs engine pods run on."""
+
+    resource: str = Field(
+        default="nvidia.com/gpu",
+        max_length=253,
+        description="Extended resource the engine pods request, one per GPU.",
+    )
+    product: str | None = Field(
+        default=None,
+        max_length=253,
+        description="Value of the node label nvidia.com/gpu.product to schedule on, "
+        "e.g. NVIDIA-H100-80GB-HBM3. Default: any node with the resource.",
+    )
+    per_node: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description="GPUs per node. A replica larger than this spans "
+        "(tensor x pipeline) / perNode nodes.",
+    )
+    memory: Quantity = Field(
+        default="80Gi",
+        description="Memory of one GPU as nvidia-smi's memory.total shows it "
+        "(an H100 80GB shows 79.6Gi), for the capacity planner.",
+    )
+
+
+class EngineSpec(ApiModel):
+    """Settings of each vLLM engine (one engine per replica)."""
+
+    max_model_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="Longest request, prompt plus output, in tokens (--max-model-len). "
+        "Default: the model's context length.",
+    )
+    max_num_seqs: int = Field(
+        default=256,
+        ge=1,
+        le=65536,
+        description="Most requests one replica runs at once (--max-num-seqs); a "
+        "per-replica value, also used by the router's load score.",
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Token budget of one engine step (--max-num-batched-tokens); at least "
+        "maxNumSeqs. Default: vLLM's choice for the GPU.",
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.92,
+        gt=0,
+        le=1,
+        description="Share of each GPU's memory vLLM may use for weights, activations and "
+        "KV cache (--gpu-memory-utilization).",
+    )
+    prefix_caching: bool = Field(
+        default=True,
+        description="Reuse the KV cache of shared prompt prefixes (--enable-prefix-caching); "
+        "the cache-aware router and warm-up depend on it.",
+    )
+    memory_overhead: Quantity = Field(
+        default="3Gi",
+        description="Memory per GPU that is neither weights nor KV cache (activations, CUDA "
+        "graphs, communication buffers). Used only by the capacity planner's estimate.",
+    )
+    shm_size: Quantity = Field(
+        default="16Gi",
+        description="Size of /dev/shm (a memory-backed emptyDir) for NCCL between the ranks.",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        json_schema_extra={
+            "items": {"type": "string", "maxLength": 1024},
+            "x-kubernetes-list-type": "atomic",
+        },
+        description="More `vllm serve` arguments, appended after the ones shoal derives. "
+        "Flags shoal sets from other fields (parallelism, maxModelLen, ...) are refused here.",
+    )
+    env: list[KubeObject] = Field(
+        default_factory=list,
+        json_schema_extra=_pass_through_list(128),
+        description="Environment variables of the engine container (Kubernetes EnvVar objects).",
+    )
+    resources: KubeObject | None = Field(
+        default=None,
+        json_schema_extra=_PASS_THROUGH,
+        description="CPU and memory requests and limits of the engine container "
+        "(ResourceRequirements). GPUs are added from gpu and parallelism.",
+    )
+
+
+class PlacementSpec(ApiModel):
+    """Where engine pods may run, beyond the GPU product."""
+
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels an engine pod's node must have."
+    )
+    tolerations: list[KubeObject] = Field(
+        default_factory=list,
+        json_schema_extra=_pass_through_list(64),
+        description="Tolerations of engine pods (Kubernetes Toleration objects), added to the "
+        "one for the GPU taint.",
+    )
+    affinity: KubeObject | None = Field(
+        default=None,
+        json_schema_extra=_PASS_THROUGH,
+        description="Affinity of engine pods (a Kubernetes Affinity object).",
+    )
+    spread_replicas: bool = Field(
+        default=True,
+        description="Prefer putting different replicas on different nodes, so a node lost "
+        "takes as few replicas as possible.",
+    )
+    topology_key: str | None = Field(
+        default=None,
+        max_length=316,
+        description="Node label whose value the pods of one multi-node replica must share "
+        "(e.g. a rack or NVLink domain label).",
+    )
+
+
+class LoadWeights(ApiModel):
+    """Weights of the load score L = kvUsage x KV usage + queue x min(waiting / qNorm, 1)
+    + running x running / maxNumSeqs."""
+
+    kv_usage: float = Field(default=0.5, ge=0, le=1, description="Weight of KV cache usage.")
+    queue: float = Field(default=0.3, ge=0, le=1, description="Weight of the waiting queue.")
+    running: float = Field(default=0.2, ge=0, le=1, description="Weight of running requests.")
+
+
+class RouterThresholds(ApiModel):
+    """Knobs of the cache-aware choice: maximise hit - beta x load, within bounded load."""
+
+    beta: float = Field(
+        default=1.0, ge=0, le=100, description="How much load counts against a cache hit."
+    )
+    epsilon: float = Field(
+        default=0.25,
+        ge=0,
+        le=10,
+        description="Bounded load: never pick a replica whose load exceeds (1 + epsilon) "
+        "times the mean, so one hot prefix cannot pin all traffic to one replica.",
+    )
+    q_norm: int = Field(
+        default=20,
+        ge=1,
+        le=100000,
+        description="Waiting requests that count as a full queue; a replica with this many "
+        "waiting is saturated.",
+    )
+    saturated_kv_usage: float = Field(
+        default=0.95, gt=0, le=1, description="KV cache usage at which a replica is saturated."
+    )
+    affinity_threshold: float = Field(
+        default=0.7,
+        ge=0,
+        le=1,
+        description="A session (header x-session-id, or the body's user) keeps its replica "
+        "while that replica's load is below this; above, it falls back.",
+    )
+    prefix_block_chars: int = Field(
+        default=64,
+        ge=1,
+        le=65536,
+        description="Characters per block when hashing prompt prefixes (about 16 tokens).",
+    )
+
+
+class RouterTimeouts(ApiModel):
+    """Deadlines of one upstream attempt; keep them shorter than the engine's."""
+
+    connect_seconds: int = Field(default=5, ge=1, le=3600, description="To connect to a replica.")
+    first_byte_seconds: int = Field(
+        default=120, ge=1, le=86400, description="From sending a request to its first byte."
+    )
+    total_seconds: int = Field(
+        default=600, ge=1, le=86400, description="For the whole response, streaming included."
+    )
+
+
+class CircuitBreaker(ApiModel):
+    """Stops sending to a replica that keeps failing, then tries it again."""
+
+    failure_threshold: int = Field(
+        default=5, ge=1, le=1000, description="Consecutive failures that open the circuit."
+    )
+    open_seconds: int = Field(
+        default=30, ge=1, le=3600, description="How long an open circuit stays open."
+    )
+
+
+class RouterQueue(ApiModel):
+    """Admission queue used when every replica is saturated."""
+
+    max_queued: int = Field(
+        default=256,
+        ge=0,
+        le=1000000,
+        description="Requests waiting in the router; beyond it the router answers 429 "
+        "with Retry-After.",
+    )
+    max_wait_seconds: int = Field(
+        default=30, ge=1, le=3600, description="Longest a request waits for a replica."
+    )
+
+
+class HotPrefixes(ApiModel):
+    """The most shared prompt prefixes, kept for warming new replicas. They are
+    prompt text: off by default, and never exposed outside the cluster."""
+
+    enabled: bool = Field(default=False, description="Keep hot prefixes.")
+    max_prefixes: int = Field(default=32, ge=1, le=1024, description="Prefixes kept (top K).")
+    max_chars: int = Field(
+        default=4096, ge=64, le=65536, description="Characters kept of each prefix."
+    )
+
+
+class ServiceSpec(ApiModel):
+    """The router's Service, the cluster's endpoint."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        default="ClusterIP", description="Service type."
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="Service port.")
+
+
+class RouterSpec(ApiModel):
+    """The OpenAI-compatible router in front of the replicas."""
+
+    replicas: int = Field(default=1, ge=0, le=100, description="Router pods.")
+    policy: RouterPolicy = Field(
+        default="cache-aware",
+        description="How a request picks a replica: round-robin, random, least-request, "
+        "power-of-two, load-aware (lowest load score), session (sticky by session key), "
+        "prefix (by prompt prefix), or cache-aware (expected prefix-cache hit minus "
+        "beta x load, with bounded load).",
+    )
+    weights: LoadWeights = Field(
+        default_factory=LoadWeights, description="Weights of the load score."
+    )
+    thresholds: RouterThresholds = Field(
+        default_factory=RouterThresholds, description="Knobs of the cache-aware and session policies."
+    )
+    scrape_interval_milliseconds: int = Field(
+        default=250,
+        ge=50,
+        le=60000,
+        description="How often the router reads every replica's /metrics in the background.",
+    )
+    timeouts: RouterTimeouts = Field(
+        default_factory=RouterTimeouts, description="Upstream deadlines."
+    )
+    retries: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="Retries on another replica, only before any byte of the response was "
+        "sent, on connection errors and 502/503.",
+    )
+    circuit_breaker: CircuitBreaker = Field(
+        default_factory=CircuitBreaker, description="Per-replica circuit breaker."
+    )
+    queue: RouterQueue = Field(default_factory=RouterQueue, description="Admission queue bounds.")
+    max_request_size: Quantity = Field(
+        default="4Mi", description="Largest request body accepted; larger ones get 413."
+    )
+    hot_prefixes: HotPrefixes = Field(
+        default_factory=HotPrefixes, description="Hot prefixes kept for warm-up."
+    )
+    api_key_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding accepted API keys, one per line; clients send "
+        "`Authorization: Bearer <key>`. Default: no key needed.",
+    )
+    service: ServiceSpec = Field(default_factory=ServiceSpec, description="The router's Service.")
+    resources: KubeObject | None = Field(
+        default=None,
+        json_schema_extra=_PASS_THROUGH,
+        description="CPU and memory of a router pod (ResourceRequirements).",
+    )
+
+
+class ChatMessage(ApiModel):
+    """One message of a chat prompt."""
+
+    role: Literal["system", "user", "assistant"] = Field(description="Who speaks.")
+    content: str = Field(max_length=65536, description="What is said.")
+
+
+class WarmupPrompt(ApiModel):
+    """A warm-up prompt: plain text (completions) or chat messages, not both."""
+
+    text: str | None = Field(
+        default=None, max_length=65536, description="A plain prompt, sent to /v1/completions."
+    )
+    messages: list[ChatMessage] | None = Field(
+        default=None,
+        max_length=64,
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
+        description="Chat messages, sent to /v1/chat/completions.",
+    )
+
+
+class ConfigMapKeyRef(ApiModel):
+    """A key of a ConfigMap in the VLLMCluster's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the ConfigMap.")
+    key: str = Field(
+        default="prompts.yaml",
+        min_length=1,
+        max_length=253,
+        description="Key holding a YAML list of prompts, each {text: ...} or {messages: [...]}.",
+    )
+
+
+class WarmupSpec(ApiModel):
+    """Warm-up gating: a new or restarted replica takes traffic only once the prompts
+    it will see are in its prefix cache."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Gate replicas on warm-up. When false, or with no prompts, a replica is "
+        "admitted as soon as its engine answers /health.",
+    )
+    prompts: list[WarmupPrompt] = Field(
+        default_factory=list,
+        max_length=256,
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
+        description="Prompts sent with max_tokens 1 (typically shared system prompts).",
+    )
+    config_map: ConfigMapKeyRef | None = Field(
+        default=None, description="More prompts from a ConfigMap."
+    )
+    hot_prefixes: bool = Field(
+        default=False, description="Also send the router's hot prefixes (router.hotPrefixes)."
+    )
+    max_prompts: int = Field(
+        default=256, ge=1, le=10000, description="Most prompts sent, from all sources together."
+    )
+    concurrency: int = Field(default=4, ge=1, le=256, description="Warm-up requests in flight.")
+    min_hit_ratio: float = Field(
+        default=0.8,
+        ge=0,
+        le=1,
+        description="Share of the expected prefix-cache hits a replayed sample must reach "
+        "before the replica is admitted.",
+    )
+    timeout_seconds: int = Field(
+        default=600, ge=1, le=86400, description="Longest warm-up before onTimeout applies."
+    )
+    on_timeout: Literal["Admit", "Hold"] = Field(
+        default="Admit",
+        description="On timeout, Admit the replica anyway or Hold it out of rotation "
+        "(an Event is recorded either way).",
+    )
+
+
+class RestartBackoff(ApiModel):
+    """Exponential backoff between restarts of one replica."""
+
+    initial_seconds: int = Field(default=10, ge=0, le=86400, description="First delay.")
+    max_seconds: int = Field(default=600, ge=0, le=86400, description="Longest delay.")
+
+
+class RestartBudget(ApiModel):
+    """Past this many restarts the replica is left alone and the cluster is Degraded."""
+
+    max_restarts: int = Field(
+        default=5, ge=0, le=1000, description="Restarts of one replica allowed per window."
+    )
+    window_seconds: int = Field(
+        default=3600, ge=1, le=604800, description="Length of the sliding window."
+    )
+
+
+class HealthSpec(ApiModel):
+    """Self-healing: finding engines that are dead or hung, and restarting them."""
+
+    period_seconds: int = Field(
+        default=10, ge=1, le=3600, description="How often each replica is checked."
+    )
+    canary_timeout_seconds: int = Field(
+        default=30,
+        ge=1,
+        le=3600,
+        description="Deadline of the canary completion (max_tokens 1). A miss counts as a "
+        "hang only when token counters are flat or /health fails too.",
+    )
+    stall_seconds: int = Field(
+        default=60,
+        ge=1,
+        le=86400,
+        description="Requests running while generated tokens do not move for this long is a stall.",
+    )
+    failure_threshold: int = Field(
+        default=3, ge=1, le=100, description="Consecutive failed checks before a restart."
+    )
+    startup_timeout_seconds: int = Field(
+        default=1800,
+        ge=60,
+        le=86400,
+        description="How long an engine may take to load the model before its startup probe "
+        "fails (large models take many minutes).",
+    )
+    restart_backoff: RestartBackoff = Field(
+        default_factory=RestartBackoff, description="Backoff between restarts."
+    )
+    restart_budget: RestartBudget = Field(
+        default_factory=RestartBudget, description="Restarts allowed per window."
+    )
+    node_loss_seconds: int = Field(
+        default=300,
+        ge=1,
+        le=86400,
+        description="Pods on a node NotReady this long are force-deleted so they are "
+        "recreated elsewhere (engines keep no state).",
+    )
+
+
+class RolloutSpec(ApiModel):
+    """How a changed spec replaces running replicas."""
+
+    max_unavailable: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="Replicas replaced at a time; each must warm up before the next goes.",
+    )
+
+
+class VLLMClusterSpec(ApiModel):
+    """A data-parallel fleet of vLLM engines behind one router."""
+
+    model: ModelSpec = Field(description="The model to serve.")
+    image: str = Field(
+        default=DEFAULT_IMAGE, min_length=1, max_length=512, description="vLLM engine image."
+    )
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=10000,
+        description="Data-parallel replicas: independent engines, each with its own copy of "
+        "the weights and its own KV cache. `kubectl scale` changes this.",
+    )
+    parallelism: Parallelism = Field(
+        default_factory=Parallelism, description="How one replica spreads over GPUs."
+    )
+    gpu: GPUSpec = Field(default_factory=GPUSpec, description="The GPUs to run on.")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="vLLM engine settings.")
+    placement: PlacementSpec = Field(
+        default_factory=PlacementSpec, description="Where engine pods may run."
+    )
+    router: RouterSpec = Field(default_factory=RouterSpec, description="The router.")
+    warmup: WarmupSpec = Field(default_factory=WarmupSpec, description="Warm-up gating.")
+    health: HealthSpec = Field(default_factory=HealthSpec, description="Self-healing.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollouts.")

@@ -1,0 +1,132 @@
+"""The status of a VLLMCluster: what shoal observed, written only on change.
+
+Live load (KV usage, queues) belongs in metrics, not here, so an idle fleet
+causes no writes."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from shoal.api.base import ApiModel
+from shoal.planner.result import CapacityPlan
+
+ConditionType = Literal["Ready", "Progressing", "Degraded", "SpecValid"]
+ReplicaState = Literal[
+    "Starting", "Warming", "Serving", "Unhealthy", "Restarting", "Draining", "Held"
+]
+
+# metav1.Condition's reason: CamelCase, as apimachinery validates it.
+_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+
+class Condition(ApiModel):
+    """One aspect of the cluster's state, in the shape of apimachinery's metav1.Condition."""
+
+    type: str = Field(
+        max_length=316,
+        description="Ready (serving through the router), Progressing (a rollout or scale is "
+        "under way), Degraded (replicas failing or past their restart budget) or SpecValid.",
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation this condition was set for."
+    )
+    last_transition_time: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="When status last changed (RFC 3339).",
+    )
+    reason: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=_REASON_PATTERN,
+        description="Why, in one CamelCase word.",
+    )
+    message: str = Field(max_length=32768, description="Why, for a human.")
+
+
+class MeasuredKV(ApiModel):
+    """A replica's KV pool as its engine reports it (vllm:cache_config_info)."""
+
+    replica: int = Field(ge=0, description="Replica index.")
+    kv_tokens: int = Field(ge=0, description="Tokens the engine's KV pool holds.")
+    block_size: int = Field(ge=1, description="Tokens per KV block.")
+    gpu_blocks: int = Field(ge=0, description="KV blocks (num_gpu_blocks).")
+
+
+class CapacityStatus(CapacityPlan):
+    """The capacity planner's estimate for the spec, and what the engines measured."""
+
+    measured: list[MeasuredKV] = Field(
+        default_factory=list,
+        max_length=10000,
+        description="KV pool of each running replica as its engine reports it.",
+    )
+
+
+class ReplicaStatus(ApiModel):
+    """What shoal observed of one data-parallel replica."""
+
+    index: int = Field(ge=0, description="Replica index i (StatefulSet <cluster>-r<i>).")
+    state: ReplicaState = Field(
+        description="Starting, Warming, Serving, Unhealthy, Restarting, Draining or Held."
+    )
+    pods: list[str] = Field(default_factory=list, max_length=1024, description="Its pods.")
+    nodes: list[str] = Field(default_factory=list, max_length=1024, description="Their nodes.")
+    gpus: int = Field(default=0, ge=0, description="GPUs it holds.")
+    restarts: int = Field(default=0, ge=0, description="Restarts shoal made of it.")
+    last_restart_reason: str | None = Field(
+        default=None, max_length=1024, description="Why it was last restarted."
+    )
+    last_restart_time: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When it was last restarted (RFC 3339).",
+    )
+    warmup_hit_ratio: float | None = Field(
+        default=None, ge=0, description="Prefix-cache hit ratio its warm-up check measured."
+    )
+
+
+class VLLMClusterStatus(ApiModel):
+    """What shoal observed of the cluster."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation last reconciled."
+    )
+    replicas: int | None = Field(
+        default=None, ge=0, description="Replicas that exist (the scale subresource reads it)."
+    )
+    ready_replicas: int | None = Field(
+        default=None, ge=0, description="Replicas whose engines are up."
+    )
+    warm_replicas: int | None = Field(
+        default=None, ge=0, description="Replicas warmed and taking traffic."
+    )
+    selector: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="Label selector of the leader pods, for the scale subresource (HPA).",
+    )
+    endpoint: str | None = Field(
+        default=None, max_length=2048, description="URL of the router's Service."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description="Ready, Progressing, Degraded and SpecValid.",
+    )
+    capacity: CapacityStatus | None = Field(
+        default=None, description="Estimated and measured capacity."
+    )
+    replica_statuses: list[ReplicaStatus] = Field(
+        default_factory=list,
+        max_length=10000,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["index"],
+        },
+        description="One entry per replica.",
+    )
