@@ -12,11 +12,20 @@ import sys
 from collections.abc import Callable, Sequence
 
 from shoal import __version__
+from shoal.api.cli import add_parser as add_crd_parser
+from shoal.planner.cli import add_parser as add_plan_parser
+from shoal.router.cli import add_parser as add_router_parser
+from shoal.sim.cli import add_parser as add_sim_parser
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 # Subcommand registrations, in the order `shoal --help` lists them.
-COMMANDS: tuple[Register, ...] = ()
+COMMANDS: tuple[Register, ...] = (
+    add_router_parser,
+    add_sim_parser,
+    add_plan_parser,
+    add_crd_parser,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,197 @@
+"""The router process: HTTP app, discovery, scraper, and graceful drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import generate_latest
+
+from shoal.router.config import RouterConfig
+from shoal.router.discovery import PodWatcher, static_endpoints
+from shoal.router.errors import error_response
+from shoal.router.fleet import Endpoint, Fleet
+from shoal.router.hot import HotPrefixes
+from shoal.router.metrics import RouterMetrics
+from shoal.router.proxy import Proxy
+from shoal.router.scrape import Scraper
+
+log = logging.getLogger("shoal.router")
+
+
+@dataclass
+class Discovery:
+    """Either a static list of URLs or Kubernetes pods by label."""
+
+    endpoints: list[str] = field(default_factory=list)
+    namespace: str | None = None
+    selector: str | None = None
+    engine_port: int = 8000
+
+
+class Router:
+    def __init__(self, config: RouterConfig, discovery: Discovery, api_keys: list[bytes]) -> None:
+        self.config = config
+        self.discovery = discovery
+        self.metrics = RouterMetrics()
+        self.fleet = Fleet(config)
+        hot = config.hot_prefixes
+        self.hot = (
+            HotPrefixes(top_k=hot.top_k, max_chars=hot.max_chars, block_chars=config.block_chars)
+            if hot.enabled
+            else None
+        )
+        self.proxy = Proxy(
+            config=config, fleet=self.fleet, metrics=self.metrics, api_keys=api_keys, hot=self.hot
+        )
+        self.scraper = Scraper(fleet=self.fleet, on_change=self._after_scrape)
+        self.draining = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._watcher: PodWatcher | None = None
+
+    # ---- fleet changes
+    def publish(self, endpoints: list[Endpoint]) -> None:
+        before = {r.endpoint.name for r in self.fleet.replicas.values()}
+        self.fleet.update(endpoints)
+        after = {r.endpoint.name for r in self.fleet.replicas.values()}
+        for name in before - after:
+            self.metrics.forget(name)
+        self.metrics.routable.set(len(self.fleet.routable()))
+        asyncio.get_running_loop().create_task(self.proxy.notify_capacity())
+
+    async def _after_scrape(self) -> None:
+        now = time.monotonic()
+        for replica in self.fleet.replicas.values():
+            candidates = self.fleet.candidates(blocks=[], now=now)
+            for c in candidates:
+                if c.replica == replica.id:
+                    self.metrics.load.labels(replica.endpoint.name).set(c.load)
+            self.metrics.circuit.labels(replica.endpoint.name).set(int(replica.breaker.state(now)))
+        await self.proxy.notify_capacity()
+
+    # ---- lifecycle
+    async def start(self) -> None:
+        await self.proxy.start()
+        if self.discovery.endpoints:
+            self.publish(static_endpoints(self.discovery.endpoints))
+        else:
+            assert self.discovery.namespace and self.discovery.selector is not None
+            self._watcher = PodWatcher(
+                namespace=self.discovery.namespace,
+                selector=self.discovery.selector,
+                engine_port=self.discovery.engine_port,
+                loop=asyncio.get_running_loop(),
+                publish=self.publish,
+            )
+            self._watcher.start()
+        self._tasks.append(asyncio.get_running_loop().create_task(self.scraper.run()))
+
+    async def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.proxy.close()
+
+    async def drain(self) -> None:
+        """Stop being Ready, then let in-flight requests finish (bounded)."""
+        self.draining = True
+        deadline = time.monotonic() + self.config.drain_seconds
+        while self.proxy.inflight + self.proxy.waiting > 0 and time.monotonic() < deadline:  # noqa: ASYNC110 - polled, bounded
+            await asyncio.sleep(0.1)
+
+    # ---- handlers
+    async def health(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def ready(self, _: web.Request) -> web.Response:
+        if self.draining:
+            return error_response(503, "Router is draining.")
+        routable = len(self.fleet.routable())
+        if routable == 0:
+            return error_response(503, "No replica is ready.")
+        return web.json_response({"status": "ready", "routable": routable})
+
+    async def metrics_endpoint(self, _: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.metrics.registry),
+            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+        )
+
+    async def models(self, request: web.Request) -> web.Response:
+        """Models served by any routable replica, merged by id."""
+        assert self.proxy.session is not None
+        session = self.proxy.session
+
+        async def fetch(url: str) -> list[dict[str, Any]]:
+            try:
+                async with session.get(
+                    url + "/v1/models", timeout=aiohttp.ClientTimeout(total=2)
+                ) as response:
+                    if response.status != 200:
+                        return []
+                    data = (await response.json()).get("data", [])
+                    return [m for m in data if isinstance(m, dict)]
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                return []
+
+        merged: dict[str, dict[str, Any]] = {}
+        results = await asyncio.gather(*(fetch(r.endpoint.url) for r in self.fleet.routable()))
+        for models in results:
+            for model in models:
+                merged.setdefault(str(model.get("id")), model)
+        return web.json_response({"object": "list", "data": list(merged.values())})
+
+    async def hot_prefixes(self, _: web.Request) -> web.Response:
+        if self.hot is None:
+            return error_response(404, "Hot prefixes are disabled.")
+        return web.json_response({"prefixes": self.hot.top()})
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app.router.add_post("/v1/completions", self.proxy.handle)
+        app.router.add_post("/v1/chat/completions", self.proxy.handle)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/ready", self.ready)
+        app.router.add_get("/metrics", self.metrics_endpoint)
+        return app
+
+    def internal_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/hot-prefixes", self.hot_prefixes)
+        return app
+
+
+async def serve(router: Router, *, host: str, port: int) -> None:
+    """Run until SIGTERM or SIGINT, then drain and stop."""
+    await router.start()
+    # handler_cancellation: a client that disconnects cancels its handler, which
+    # closes the upstream connection, so the engine aborts the request too.
+    runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    runners = [runner]
+    if router.hot is not None:
+        internal = web.AppRunner(router.internal_app(), access_log=None)
+        await internal.setup()
+        await web.TCPSite(internal, host, router.config.hot_prefixes.port).start()
+        runners.append(internal)
+    log.info("router listening on %s:%d (policy %s)", host, port, router.config.policy)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("draining")
+    await router.drain()
+    for r in runners:
+        await r.cleanup()
+    await router.stop()

