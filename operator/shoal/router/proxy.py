@@ -30,6 +30,8 @@ log = logging.getLogger("shoal.router")
 
 # Upstream answers that mean "this replica cannot take it now": try another.
 RETRYABLE_STATUS = frozenset({502, 503})
+# Which replica answered: for debugging, and for tests that count placements.
+REPLICA_HEADER = "x-shoal-replica"
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -252,8 +254,13 @@ class Proxy:
                 upstream.close()
                 raise UpstreamFailed(f"status_{upstream.status}")
             self.metrics.ttft.labels(name).observe(time.perf_counter() - sent_at)
-            response = await self._relay(request, upstream, stream=stream)
-            replica.breaker.on_success()
+            response = await self._relay(request, upstream, stream=stream, replica=name)
+            # Other server errors pass through (the engine's own answer), but
+            # count against the replica's breaker.
+            if upstream.status >= 500:
+                self._failed(replica)
+            else:
+                replica.breaker.on_success()
             self.metrics.requests.labels(name, str(upstream.status)).inc()
             return response
         except asyncio.CancelledError:
@@ -274,9 +281,10 @@ class Proxy:
         replica.breaker.on_failure(time.monotonic())
 
     async def _relay(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, *, stream: bool
+        self, request: web.Request, upstream: aiohttp.ClientResponse, *, stream: bool, replica: str
     ) -> web.StreamResponse:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
+        headers[REPLICA_HEADER] = replica
         if not stream:
             body = await upstream.read()
             upstream.release()
