@@ -176,9 +176,14 @@ class Testbed:
         self.state_file.write_text(json.dumps(asdict(self.state), indent=2))
 
     def _launch(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> int:
+        """Start a component under a supervisor that restarts it when it exits."""
         assert self.state is not None
+        supervised = [sys.executable, "-m", "shoal_testbed.supervise", "--", *argv]
         process = procs.start(
-            argv, log_path=self.logs / f"{name}.log", env=env, die_with_parent=self.owned_by_caller
+            supervised,
+            log_path=self.logs / f"{name}.log",
+            env={**(env or os.environ), "PYTHONPATH": _pythonpath()},
+            die_with_parent=self.owned_by_caller,
         )
         self.state.pids[name] = process.pid
         self._save()
@@ -341,6 +346,15 @@ class Testbed:
         self._wait_healthy(
             "kwok", f"http://127.0.0.1:{self.state.kwok_port}/healthz", context=None, timeout=60
         )
+
+    def restart_apiserver(self, *, down_seconds: float = 1.0) -> None:
+        """Stop kube-apiserver and start it again on the same port: every
+        client's watch breaks, as in an upgrade or a control-plane failover."""
+        assert self.state is not None
+        procs.stop_group(self.state.pids["kube-apiserver"], grace_seconds=5)
+        time.sleep(down_seconds)
+        self._start_apiserver()
+        self._save()
 
     def kubectl(self, *args: str, check: bool = True, input_text: str | None = None) -> str:
         result = subprocess.run(

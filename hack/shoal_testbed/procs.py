@@ -25,7 +25,7 @@ from pathlib import Path
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent_preexec() -> None:
     # SIGKILL, not SIGTERM: kube-apiserver and etcd answer SIGTERM with a graceful
     # shutdown that can outlast the dead run by minutes; the data is disposable.
     libc = ctypes.CDLL(None, use_errno=True)
@@ -53,7 +53,7 @@ def start(
             env=env,
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=_die_with_parent if die_with_parent else None,
+            preexec_fn=die_with_parent_preexec if die_with_parent else None,
         )
 
 

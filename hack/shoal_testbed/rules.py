@@ -7,6 +7,7 @@ them Running). Later issues add rules for vLLM engine pods and shoal-image pods.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -37,4 +38,35 @@ def annotated_container(pod: Pod) -> Launch | None:
     return Launch(argv=command_line(spec, env), env=env)
 
 
-DEFAULT_RULES: Sequence[Rule] = (annotated_container,)
+# How vLLM images start the server: `vllm serve MODEL ...` (the image's
+# entrypoint) or `python3 -m vllm.entrypoints.openai.api_server ...`.
+_VLLM_ENTRYPOINTS = (
+    ["vllm", "serve"],
+    ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+    ["python", "-m", "vllm.entrypoints.openai.api_server"],
+)
+
+
+def vllm_engine(pod: Pod) -> Launch | None:
+    """A container of a vLLM image runs `shoal sim` with the pod's own vLLM
+    arguments, bound to the pod IP (a real engine binds 0.0.0.0)."""
+    for spec in pod.get("spec", {}).get("containers", []):
+        if "vllm" not in str(spec.get("image", "")):
+            continue
+        env = container_env(pod, spec)
+        command = command_line({"command": spec.get("command", [])}, env)
+        args = command_line({"args": spec.get("args", [])}, env)
+        for entry in _VLLM_ENTRYPOINTS:
+            if command[: len(entry)] == entry:
+                args = command[len(entry) :] + args
+                break
+        else:
+            if command:
+                return None  # some other program in a vLLM image: not ours to fake
+        pod_ip = str(pod.get("status", {}).get("podIP", ""))
+        argv = [sys.executable, "-m", "shoal.cli", "sim", *args, "--host", pod_ip]
+        return Launch(argv=argv, env=env)
+    return None
+
+
+DEFAULT_RULES: Sequence[Rule] = (annotated_container, vllm_engine)

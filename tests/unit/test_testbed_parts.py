@@ -109,3 +109,39 @@ def test_stage_file_replaces_kwoks_gate_blind_pod_ready() -> None:
     # kwok's default writes every gate as True; ours must only read them.
     assert ".spec.readinessGates" in ready_template
     assert "type: {{ .conditionType" not in ready_template
+
+
+def _vllm_pod(command: list[str], args: list[str]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "c-r0-0", "namespace": "ns", "uid": "u"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "engine",
+                    "image": "vllm/vllm-openai:v0.32.0",
+                    "command": command,
+                    "args": args,
+                    "env": [{"name": "PORT", "value": "8000"}],
+                }
+            ]
+        },
+        "status": {"phase": "Running", "podIP": "127.9.1.4"},
+    }
+
+
+def test_vllm_pods_run_the_simulator_with_their_own_arguments_on_the_pod_ip() -> None:
+    launch = rules.vllm_engine(_vllm_pod(["vllm", "serve"], ["meta/llama", "--port", "$(PORT)"]))
+    assert launch is not None
+    assert launch.argv[1:] == [
+        "-m",
+        "shoal.cli",
+        "sim",
+        "meta/llama",
+        "--port",
+        "8000",
+        "--host",
+        "127.9.1.4",
+    ]
+    bare = rules.vllm_engine(_vllm_pod([], ["--model", "m"]))
+    assert bare is not None and bare.argv[3:6] == ["sim", "--model", "m"]
+    assert rules.vllm_engine(_vllm_pod(["bash", "-c", "sleep 1"], [])) is None

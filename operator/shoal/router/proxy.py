@@ -145,10 +145,13 @@ class Proxy:
         last_failure = "no replica available"
         for attempt in range(attempts):
             t0 = time.perf_counter()
-            choice = self.chooser.choose(
-                self.fleet.candidates(blocks=blocks, exclude=frozenset(tried)), facts
-            )
+            candidates = self.fleet.candidates(blocks=blocks, exclude=frozenset(tried))
+            choice = self.chooser.choose(candidates, facts)
             decision_seconds += time.perf_counter() - t0
+            if choice is None and not candidates:
+                # Nobody left to try (none routable, breakers open, or all
+                # tried already): queueing would only delay the answer.
+                break
             if choice is None:
                 waited = await self._wait_for_capacity(blocks, facts, tried)
                 if isinstance(waited, web.Response):
@@ -171,6 +174,8 @@ class Proxy:
             self.metrics.latency.observe(time.perf_counter() - started)
             return response
         self.metrics.requests.labels("none", "503").inc()
+        if not tried:
+            return error_response(503, "No replica is ready to serve requests.")
         return error_response(
             503, f"No replica could take the request ({last_failure}); try again."
         )
@@ -179,9 +184,6 @@ class Proxy:
         self, blocks: list[int], facts: RequestFacts, tried: set[str]
     ) -> Choice | web.Response:
         """Every replica is saturated: wait in the bounded admission queue."""
-        if not self.fleet.routable():
-            self.metrics.rejected.labels("no_replicas").inc()
-            return error_response(503, "No replica is ready to serve requests.")
         queue = self.config.queue
         if self.waiting >= queue.max_size:
             self.metrics.rejected.labels("queue_full").inc()

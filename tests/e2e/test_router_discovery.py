@@ -1,0 +1,189 @@
+"""The router's Kubernetes discovery against the real API server: a pod is
+routable only while Ready (readiness gate included), is dropped when it turns
+not-Ready or is deleted, and the router recovers after its watch breaks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from shoal_testbed.cluster import Testbed
+from tests.e2e.kube import apply, get_json, namespace, pods, wait_for
+from tests.integration.procs import free_port
+
+pytestmark = pytest.mark.e2e
+
+WARMED = "serving.shoal.dev/warmed"
+
+
+def engines(replicas: int) -> dict[str, Any]:
+    labels = {"app": "eng"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "eng"},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": "eng",
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "readinessGates": [{"conditionType": WARMED}],
+                    "containers": [
+                        {
+                            "name": "engine",
+                            "image": "vllm/vllm-openai:v0.32.0",
+                            "args": [
+                                "--served-model-name",
+                                "m",
+                                "--port",
+                                "8000",
+                                "--sim-time-scale",
+                                "20",
+                            ],
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def set_gate(bed: Testbed, ns: str, pod: str, status: str) -> None:
+    patch = f'{{"status":{{"conditions":[{{"type":"{WARMED}","status":"{status}"}}]}}}}'
+    bed.kubectl(
+        "patch", "pod", pod, "-n", ns, "--subresource=status", "--type=strategic", "-p", patch
+    )
+
+
+@contextmanager
+def router_process(bed: Testbed, ns: str, tmp: Path) -> Iterator[str]:
+    port = free_port()
+    config = tmp / "router.json"
+    config.write_text('{"policy": "round-robin"}')
+    env = {**os.environ, "KUBECONFIG": str(bed.kubeconfig)}
+    with open(tmp / "router.log", "wb") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "shoal.cli",
+                "router",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--config",
+                str(config),
+                "--kubernetes",
+                "--namespace",
+                ns,
+                "--selector",
+                "app=eng",
+                "--engine-port",
+                "8000",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _get(url + "/health") == 200, what="router /health", timeout=20)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def _get(url: str) -> int | None:
+    try:
+        return httpx.get(url, timeout=2).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def _uid(bed: Testbed, ns: str, pod: str) -> str:
+    jsonpath = "jsonpath={.metadata.uid}"
+    return bed.kubectl("get", "pod", pod, "-n", ns, "-o", jsonpath, check=False).strip()
+
+
+def placements(url: str, count: int) -> list[str]:
+    placed = []
+    with httpx.Client(timeout=10) as client:
+        for i in range(count):
+            r = client.post(
+                url + "/v1/completions",
+                json={"model": "m", "prompt": f"hello {i}", "max_tokens": 2},
+            )
+            placed.append(r.headers.get("x-shoal-replica", f"HTTP {r.status_code}"))
+    return placed
+
+
+def test_router_routes_only_to_ready_pods_and_survives_a_broken_watch(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    with namespace(testbed, "disc") as ns:
+        apply(testbed, ns, engines(2))
+        running = wait_for(
+            lambda: (
+                (p := pods(testbed, ns, "app=eng"))
+                and len(p) == 2
+                and all(x["status"].get("podIP") for x in p)
+                and p
+            ),
+            what="2 engine pods with IPs",
+        )
+        for pod in running:
+            ip = pod["status"]["podIP"]
+            wait_for(
+                lambda ip=ip: _get(f"http://{ip}:8000/health") == 200,
+                what=f"simulator at {ip}",
+                timeout=30,
+            )
+        with router_process(testbed, ns, tmp_path) as url:
+            # Engines answer, but their warm-up gate is not set: nothing routable.
+            assert _get(url + "/ready") == 503
+            assert placements(url, 1) == ["HTTP 503"]
+
+            set_gate(testbed, ns, "eng-0", "True")
+            wait_for(lambda: _get(url + "/ready") == 200, what="eng-0 routable")
+            assert set(placements(url, 4)) == {"eng-0"}
+
+            set_gate(testbed, ns, "eng-1", "True")
+            wait_for(
+                lambda: set(placements(url, 4)) == {"eng-0", "eng-1"},
+                what="both replicas in rotation",
+            )
+
+            set_gate(testbed, ns, "eng-0", "False")
+            wait_for(lambda: set(placements(url, 6)) == {"eng-1"}, what="eng-0 out of rotation")
+
+            # Break every watch, then change the fleet while the router re-lists.
+            old_uid = get_json(testbed, "pod", "eng-1", "-n", ns)["metadata"]["uid"]
+            testbed.restart_apiserver()
+            testbed.kubectl("delete", "pod", "eng-1", "-n", ns, "--wait=true")
+            wait_for(
+                lambda: _uid(testbed, ns, "eng-1") not in ("", old_uid), what="eng-1 recreated"
+            )
+            # The new eng-1 is a new, cold replica: not Ready until its gate is set.
+            wait_for(
+                lambda: _get(url + "/ready") == 503, what="router drops deleted eng-1", timeout=30
+            )
+            set_gate(testbed, ns, "eng-1", "True")
+            wait_for(
+                lambda: set(placements(url, 4)) == {"eng-1"},
+                what="the new eng-1 routable",
+                timeout=30,
+            )
