@@ -2,9 +2,9 @@
 source of truth), its validation, and the CRD generated from them.
 
 Modules: `base` (camelCase naming), `quantity` (memory sizes), `spec`,
-`status`, `validation` (errors that name the field and the fix), `cel`
-(cross-field rules the API server enforces), `crd` (the generated
-CustomResourceDefinition) and `cli` (`shoal crd`)."""
+`status`, `resource` (the whole object), `validation` (errors that name the
+field and the fix), `cel` (cross-field rules the API server enforces), `crd`
+(the generated CustomResourceDefinition) and `cli` (`shoal crd`)."""
 
 GROUP = "serving.shoal.dev"
 VERSION = "v1alpha1"

@@ -40,7 +40,7 @@ def parse_quantity(text: str) -> Fraction:
     value = Fraction(number.group(0))
     suffix = text[number.end() :]
     if suffix in _BINARY:
-        return value * 1024 ** _BINARY[suffix]
+        return value * (1 << 10 * _BINARY[suffix])
     if suffix in _DECIMAL:
         return value * Fraction(10) ** _DECIMAL[suffix]
     exponent = Fraction(suffix[1:])  # an exponent: e9, E+6

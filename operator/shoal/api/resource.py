@@ -6,7 +6,6 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from shoal.api import API_VERSION, KIND
 from shoal.api.base import ApiModel
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import VLLMClusterStatus
@@ -17,9 +16,9 @@ class VLLMCluster(ApiModel):
     gating and self-healing. `kubectl explain vllmcluster.spec` documents every field."""
 
     api_version: Literal["serving.shoal.dev/v1alpha1"] = Field(
-        default=API_VERSION, description="serving.shoal.dev/v1alpha1."
+        default="serving.shoal.dev/v1alpha1", description="serving.shoal.dev/v1alpha1."
     )
-    kind: Literal["VLLMCluster"] = Field(default=KIND, description="VLLMCluster.")
+    kind: Literal["VLLMCluster"] = Field(default="VLLMCluster", description="VLLMCluster.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
     spec: VLLMClusterSpec = Field(description="What to run.")
     status: VLLMClusterStatus | None = Field(default=None, description="What shoal observed.")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, JsonValue
 
 from shoal.api.base import ApiModel
 from shoal.api.quantity import Quantity
@@ -32,10 +32,11 @@ RouterPolicy = Literal[
 # Passed-through Kubernetes objects (EnvVar, Toleration, Affinity,
 # ResourceRequirements): the API server validates them where they land, in the pods.
 KubeObject = dict[str, Any]
-_PASS_THROUGH = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+JsonDict = dict[str, JsonValue]
+_PASS_THROUGH: JsonDict = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 
 
-def _pass_through_list(max_items: int) -> dict[str, Any]:
+def _pass_through_list(max_items: int) -> JsonDict:
     return {
         "type": "array",
         "maxItems": max_items,
@@ -146,7 +147,8 @@ class ModelArchitecture(ApiModel):
 
 
 class ModelSpec(ApiModel):
-    """The model every replica serves."""
+    """The model every replica serves: its name, where its weights come from, and its
+    shape for capacity planning."""
 
     name: str = Field(
         min_length=1,
@@ -172,7 +174,9 @@ class ModelSpec(ApiModel):
 
 
 class Parallelism(ApiModel):
-    """How one replica spreads the model over GPUs."""
+    """How one replica spreads the model over GPUs: tensor x pipeline GPUs per replica.
+    vLLM's rules on heads and decode context are checked at admission when the
+    architecture is known."""
 
     tensor: int = Field(
         default=1,
@@ -200,7 +204,8 @@ class Parallelism(ApiModel):
 
 
 class GPUSpec(ApiModel):
-    """The GPUs engine pods run on."""
+    """The GPUs engine pods run on: what they request, where they schedule, and the
+    memory the capacity planner assumes."""
 
     resource: str = Field(
         default="nvidia.com/gpu",
@@ -228,7 +233,8 @@ class GPUSpec(ApiModel):
 
 
 class EngineSpec(ApiModel):
-    """Settings of each vLLM engine (one engine per replica)."""
+    """Settings of each vLLM engine (one engine per replica), most of them `vllm serve`
+    flags."""
 
     max_model_len: int | None = Field(
         default=None,
@@ -294,7 +300,7 @@ class EngineSpec(ApiModel):
 
 
 class PlacementSpec(ApiModel):
-    """Where engine pods may run, beyond the GPU product."""
+    """Where engine pods may run, beyond the GPU product and the GPU taint."""
 
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Node labels an engine pod's node must have."
@@ -429,7 +435,8 @@ class ServiceSpec(ApiModel):
 
 
 class RouterSpec(ApiModel):
-    """The OpenAI-compatible router in front of the replicas."""
+    """The OpenAI-compatible router in front of the replicas (a Deployment and a Service
+    per cluster): its policy and how it copes with slow or failing replicas."""
 
     replicas: int = Field(default=1, ge=0, le=100, description="Router pods.")
     policy: RouterPolicy = Field(
@@ -439,21 +446,15 @@ class RouterSpec(ApiModel):
         "prefix (by prompt prefix), or cache-aware (expected prefix-cache hit minus "
         "beta x load, with bounded load).",
     )
-    weights: LoadWeights = Field(
-        default_factory=LoadWeights, description="Weights of the load score."
-    )
-    thresholds: RouterThresholds = Field(
-        default_factory=RouterThresholds, description="Knobs of the cache-aware and session policies."
-    )
+    weights: LoadWeights = Field(default_factory=LoadWeights)
+    thresholds: RouterThresholds = Field(default_factory=RouterThresholds)
     scrape_interval_milliseconds: int = Field(
         default=250,
         ge=50,
         le=60000,
         description="How often the router reads every replica's /metrics in the background.",
     )
-    timeouts: RouterTimeouts = Field(
-        default_factory=RouterTimeouts, description="Upstream deadlines."
-    )
+    timeouts: RouterTimeouts = Field(default_factory=RouterTimeouts)
     retries: int = Field(
         default=2,
         ge=0,
@@ -461,22 +462,18 @@ class RouterSpec(ApiModel):
         description="Retries on another replica, only before any byte of the response was "
         "sent, on connection errors and 502/503.",
     )
-    circuit_breaker: CircuitBreaker = Field(
-        default_factory=CircuitBreaker, description="Per-replica circuit breaker."
-    )
-    queue: RouterQueue = Field(default_factory=RouterQueue, description="Admission queue bounds.")
+    circuit_breaker: CircuitBreaker = Field(default_factory=CircuitBreaker)
+    queue: RouterQueue = Field(default_factory=RouterQueue)
     max_request_size: Quantity = Field(
         default="4Mi", description="Largest request body accepted; larger ones get 413."
     )
-    hot_prefixes: HotPrefixes = Field(
-        default_factory=HotPrefixes, description="Hot prefixes kept for warm-up."
-    )
+    hot_prefixes: HotPrefixes = Field(default_factory=HotPrefixes)
     api_key_secret: SecretKeyRef | None = Field(
         default=None,
         description="Secret key holding accepted API keys, one per line; clients send "
         "`Authorization: Bearer <key>`. Default: no key needed.",
     )
-    service: ServiceSpec = Field(default_factory=ServiceSpec, description="The router's Service.")
+    service: ServiceSpec = Field(default_factory=ServiceSpec)
     resources: KubeObject | None = Field(
         default=None,
         json_schema_extra=_PASS_THROUGH,
@@ -606,12 +603,8 @@ class HealthSpec(ApiModel):
         description="How long an engine may take to load the model before its startup probe "
         "fails (large models take many minutes).",
     )
-    restart_backoff: RestartBackoff = Field(
-        default_factory=RestartBackoff, description="Backoff between restarts."
-    )
-    restart_budget: RestartBudget = Field(
-        default_factory=RestartBudget, description="Restarts allowed per window."
-    )
+    restart_backoff: RestartBackoff = Field(default_factory=RestartBackoff)
+    restart_budget: RestartBudget = Field(default_factory=RestartBudget)
     node_loss_seconds: int = Field(
         default=300,
         ge=1,
@@ -622,7 +615,8 @@ class HealthSpec(ApiModel):
 
 
 class RolloutSpec(ApiModel):
-    """How a changed spec replaces running replicas."""
+    """How a changed spec replaces running replicas: a few at a time, each warmed up
+    before the next is replaced."""
 
     max_unavailable: int = Field(
         default=1,
@@ -633,9 +627,10 @@ class RolloutSpec(ApiModel):
 
 
 class VLLMClusterSpec(ApiModel):
-    """A data-parallel fleet of vLLM engines behind one router."""
+    """A data-parallel fleet of vLLM engines behind one router. Sections left out get
+    their defaults; a nested object's description comes from its model's docstring."""
 
-    model: ModelSpec = Field(description="The model to serve.")
+    model: ModelSpec
     image: str = Field(
         default=DEFAULT_IMAGE, min_length=1, max_length=512, description="vLLM engine image."
     )
@@ -646,15 +641,11 @@ class VLLMClusterSpec(ApiModel):
         description="Data-parallel replicas: independent engines, each with its own copy of "
         "the weights and its own KV cache. `kubectl scale` changes this.",
     )
-    parallelism: Parallelism = Field(
-        default_factory=Parallelism, description="How one replica spreads over GPUs."
-    )
-    gpu: GPUSpec = Field(default_factory=GPUSpec, description="The GPUs to run on.")
-    engine: EngineSpec = Field(default_factory=EngineSpec, description="vLLM engine settings.")
-    placement: PlacementSpec = Field(
-        default_factory=PlacementSpec, description="Where engine pods may run."
-    )
-    router: RouterSpec = Field(default_factory=RouterSpec, description="The router.")
-    warmup: WarmupSpec = Field(default_factory=WarmupSpec, description="Warm-up gating.")
-    health: HealthSpec = Field(default_factory=HealthSpec, description="Self-healing.")
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollouts.")
+    parallelism: Parallelism = Field(default_factory=Parallelism)
+    gpu: GPUSpec = Field(default_factory=GPUSpec)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    warmup: WarmupSpec = Field(default_factory=WarmupSpec)
+    health: HealthSpec = Field(default_factory=HealthSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)

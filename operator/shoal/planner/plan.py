@@ -42,7 +42,8 @@ def weight_bytes_per_gpu(arch: Architecture, layout: Layout) -> Fraction:
 
 
 def kv_bytes_per_token_per_gpu(arch: Architecture, layout: Layout) -> Fraction:
-    # The busiest stage: vLLM gives the first stages the extra layer when PP does not divide.
+    # The busiest stage: when PP does not divide the layers, vLLM gives some stages one
+    # more (get_pp_indices), and the smallest per-GPU pool bounds the replica's.
     layers = ceil(arch.layers / layout.pipeline)
     kv_heads_per_rank = max(ceil(arch.kv_heads / layout.tensor), 1)
     full = layers * kv_heads_per_rank * arch.head_size * arch.kv_tensors * arch.kv_element_bytes
@@ -57,7 +58,10 @@ def plan(
     max_model_len: int | None = None,
     nodes: int | None = None,
 ) -> CapacityPlan:
-    """Capacity of `layout` for `arch` on `gpu`, and every rule that refuses it."""
+    """Capacity of `layout` for `arch` on `gpu`, and every rule that refuses it.
+    With neither max_model_len nor the model's context length, concurrency and the
+    full-length check are left out (max_model_len 0): vLLM will read the context
+    from the model's config.json, which the planner has not seen."""
     model_len = max_model_len or arch.context_length or 0
     refusals = layout_refusals(arch, layout, gpus_per_node=gpu.per_node)
     refusals += _context_refusals(arch, model_len)
@@ -69,7 +73,15 @@ def plan(
     if budget == 0:
         refusals.append(_no_memory(weights, usable))
     elif model_len and tokens < model_len:
-        refusals.append(_full_length(model_len, kv_per_token, budget, tokens, arch, layout))
+        refusals.append(
+            _full_length(
+                model_len=model_len,
+                kv_per_token=kv_per_token,
+                budget=budget,
+                tokens=tokens,
+                replicated=max(layout.tensor // arch.kv_heads, 1) > layout.decode_context,
+            )
+        )
     if nodes is not None:
         refusals += _cluster_refusals(layout, gpu.per_node, nodes)
     per_replica = Fraction(tokens, model_len) if model_len else Fraction(0)
@@ -203,14 +215,6 @@ def _dcp_refusals(arch: Architecture | None, tp: int, dcp: int) -> list[Refusal]
 
 
 def _context_refusals(arch: Architecture, model_len: int) -> list[Refusal]:
-    if not model_len:
-        return [
-            Refusal(
-                rule="max-model-len",
-                message="the model's context length is unknown: give the maximum model "
-                "length to plan for (maxModelLen).",
-            )
-        ]
     if arch.context_length and model_len > arch.context_length:
         return [
             Refusal(
@@ -234,15 +238,9 @@ def _no_memory(weights: Fraction, usable: Fraction) -> Refusal:
 
 
 def _full_length(
-    model_len: int,
-    kv_per_token: Fraction,
-    budget: Fraction,
-    tokens: int,
-    arch: Architecture,
-    layout: Layout,
+    *, model_len: int, kv_per_token: Fraction, budget: Fraction, tokens: int, replicated: bool
 ) -> Refusal:
     needed = model_len * kv_per_token
-    replicated = max(layout.tensor // arch.kv_heads, 1) > layout.decode_context
     dcp_hint = ", or decode context to remove replicated KV heads" if replicated else ""
     return Refusal(
         rule="full-length-request",

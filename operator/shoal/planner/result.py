@@ -53,7 +53,10 @@ class CapacityPlan(ApiModel):
         "its own replica's pool)."
     )
     kv_tokens_total: int = Field(description="Tokens held by all replicas' pools together.")
-    max_model_len: int = Field(description="The longest request (prompt + output) planned for.")
+    max_model_len: int = Field(
+        description="The longest request (prompt + output) planned for; 0 when unknown "
+        "(neither maxModelLen nor the model's context length given)."
+    )
     max_concurrency_per_replica: float = Field(
         description="Requests of maxModelLen tokens one replica holds at once, as vLLM's "
         '"Maximum concurrency" log line reports it (two decimals).'

@@ -1,0 +1,268 @@
+"""Cross-field rules the API server enforces (CEL `x-kubernetes-validations`).
+
+Each rule has the id of its Python twin in `validation` (or in the planner),
+so a manifest is refused at admission and by `shoal plan -f` for the same
+reason. Heads come from the architecture's fields, or else from its preset:
+the presets' numbers are written into the rules as CEL map literals.
+Every rule is cheap: lists it walks have maxItems, strings maxLength."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shoal.api.validation import MANAGED_FLAGS
+from shoal.planner.presets import PRESETS
+
+
+@dataclass(frozen=True)
+class CelRule:
+    """A rule attached at `location` (a path under spec; `[]` means each list item)."""
+
+    rule: str
+    location: str
+    expression: str
+    message: str
+    message_expression: str | None = None
+    field_path: str | None = None
+
+    def schema(self) -> dict[str, Any]:
+        rendered: dict[str, Any] = {"rule": self.expression, "message": self.message}
+        if self.message_expression:
+            rendered["messageExpression"] = self.message_expression
+        if self.field_path:
+            rendered["fieldPath"] = self.field_path
+        rendered["reason"] = "FieldValueInvalid"
+        return rendered
+
+
+_A = "self.model.architecture"
+_TP = "self.parallelism.tensor"
+_PP = "self.parallelism.pipeline"
+_DCP = "self.parallelism.decodeContext"
+
+# The architecture resolves to numbers: a preset, or every shape field.
+_KNOWN = (
+    f"(has({_A}) && (has({_A}.preset) || (has({_A}.layers) && has({_A}.queryHeads) && "
+    f"has({_A}.kvHeads) && has({_A}.headSize) && has({_A}.parameters))))"
+)
+
+
+def _effective(field: str, attribute: str) -> str:
+    """The field if given, else its preset's value."""
+    table = ", ".join(f"'{name}': {getattr(arch, attribute)}" for name, arch in PRESETS.items())
+    return f"(has({_A}.{field}) ? {_A}.{field} : {{{table}}}[{_A}.preset])"
+
+
+_Q = _effective("queryHeads", "query_heads")
+_KV = _effective("kvHeads", "kv_heads")
+_LAYERS = _effective("layers", "layers")
+_MLA_PRESETS = ", ".join(f"'{name}'" for name, arch in PRESETS.items() if arch.attention == "MLA")
+_MLA = (
+    f"(has({_A}.attention) ? {_A}.attention == 'MLA' : "
+    f"(has({_A}.preset) && {_A}.preset in [{_MLA_PRESETS}]))"
+)
+# DCP rules beyond divisibility: only for GQA models whose TP the DCP divides.
+_GQA_DCP = f"{_DCP} == 1 || {_TP} % {_DCP} != 0 || !{_KNOWN} || {_MLA}"
+
+_FLAGS = "|".join(flag for flag in MANAGED_FLAGS)
+_MANAGED = f"^({_FLAGS})(=.*)?$"
+
+
+def _format(template: str, *values: str) -> str:
+    """A messageExpression: `'...%d...'.format([...])`. The API server's cost estimate
+    treats `'..' + string(n)` as unbounded, but not format()."""
+    quoted = template.replace("'", "\\'")
+    return f"'{quoted}'.format([{', '.join(values)}])"
+
+
+RULES: tuple[CelRule, ...] = (
+    CelRule(
+        rule="attention-heads",
+        location="",
+        expression=f"!{_KNOWN} || {_Q} % {_TP} == 0",
+        message="spec.parallelism.tensor must divide the model's query heads",
+        message_expression=_format(
+            "Total number of attention heads (%d) must be divisible by tensor parallel size "
+            "(%d): set spec.parallelism.tensor to a divisor of %d",
+            _Q,
+            _TP,
+            _Q,
+        ),
+        field_path=".parallelism.tensor",
+    ),
+    CelRule(
+        rule="kv-heads",
+        location="",
+        expression=f"!{_KNOWN} || {_Q} % {_TP} != 0 || {_KV} % {_TP} == 0 || {_TP} % {_KV} == 0",
+        message="spec.parallelism.tensor must divide the model's KV heads or be a multiple of them",
+        message_expression=_format(
+            "--tensor-parallel-size (%d) must divide the model's %d KV heads or be a multiple "
+            "of them: change spec.parallelism.tensor",
+            _TP,
+            _KV,
+        ),
+        field_path=".parallelism.tensor",
+    ),
+    CelRule(
+        rule="pipeline-layers",
+        location="",
+        expression=f"!{_KNOWN} || {_PP} <= {_LAYERS}",
+        message="spec.parallelism.pipeline exceeds the model's layers",
+        message_expression=_format(
+            "--pipeline-parallel-size (%d) exceeds the model's %d layers: lower "
+            "spec.parallelism.pipeline",
+            _PP,
+            _LAYERS,
+        ),
+        field_path=".parallelism.pipeline",
+    ),
+    CelRule(
+        rule="node-shape",
+        location="",
+        expression=f"{_TP} * {_PP} <= self.gpu.perNode || ({_TP} * {_PP}) % self.gpu.perNode == 0",
+        message="spec.parallelism: tensor x pipeline must be at most spec.gpu.perNode or a "
+        "multiple of it (a replica spans whole nodes)",
+        field_path=".parallelism",
+    ),
+    CelRule(
+        rule="dcp-needs-replicated-kv",
+        location="",
+        expression=f"{_GQA_DCP} || {_TP} > {_KV}",
+        message="spec.parallelism.decodeContext needs tensor above the model's KV heads",
+        message_expression=_format(
+            "Decode context parallelism for GQA/MQA requires --tensor-parallel-size (%d) to be "
+            "greater than the model's total number of KV heads (%d): set "
+            "spec.parallelism.decodeContext to 1 or raise spec.parallelism.tensor",
+            _TP,
+            _KV,
+        ),
+        field_path=".parallelism.decodeContext",
+    ),
+    CelRule(
+        rule="dcp-max",
+        location="",
+        expression=f"{_GQA_DCP} || {_TP} <= {_KV} || {_DCP} <= {_TP} / {_KV}",
+        message="spec.parallelism.decodeContext exceeds tensor / KV heads",
+        message_expression=_format(
+            "--decode-context-parallel-size (%d) exceeds the maximum supported value (%d) for "
+            "--tensor-parallel-size (%d) and %d model KV heads: lower "
+            "spec.parallelism.decodeContext",
+            _DCP,
+            f"{_TP} / {_KV}",
+            _TP,
+            _KV,
+        ),
+        field_path=".parallelism.decodeContext",
+    ),
+    CelRule(
+        rule="dcp-query-heads",
+        location="",
+        expression=f"{_GQA_DCP} || {_TP} <= {_KV} || ({_Q} / {_KV}) % {_DCP} == 0",
+        message="spec.parallelism.decodeContext must divide the query heads per KV head",
+        message_expression=_format(
+            "The model's number of query heads per KV head (%d) must be divisible by "
+            "--decode-context-parallel-size (%d) for GQA/MQA: change "
+            "spec.parallelism.decodeContext",
+            f"{_Q} / {_KV}",
+            _DCP,
+        ),
+        field_path=".parallelism.decodeContext",
+    ),
+    CelRule(
+        rule="dcp-divides-tp",
+        location="parallelism",
+        expression="self.tensor % self.decodeContext == 0",
+        message="spec.parallelism.decodeContext must divide spec.parallelism.tensor",
+        message_expression=_format(
+            "tp_size=%d must be divisible by dcp_size=%d: set spec.parallelism.decodeContext "
+            "to a divisor of spec.parallelism.tensor",
+            "self.tensor",
+            "self.decodeContext",
+        ),
+        field_path=".decodeContext",
+    ),
+    CelRule(
+        rule="source-one-of",
+        location="model.source",
+        expression="has(self.pvc) != has(self.hf)",
+        message="spec.model.source: give exactly one of pvc or hf",
+    ),
+    CelRule(
+        rule="architecture-complete",
+        location="model.architecture",
+        expression="has(self.preset) || (has(self.layers) && has(self.queryHeads) && "
+        "has(self.kvHeads) && has(self.headSize) && has(self.parameters))",
+        message="spec.model.architecture: give a preset, or all of layers, queryHeads, "
+        "kvHeads, headSize and parameters",
+    ),
+    CelRule(
+        rule="architecture-heads",
+        location="model.architecture",
+        expression="!has(self.queryHeads) || !has(self.kvHeads) || "
+        "self.queryHeads % self.kvHeads == 0",
+        message="spec.model.architecture: queryHeads must be a multiple of kvHeads",
+        field_path=".kvHeads",
+    ),
+    CelRule(
+        rule="mla-kv-heads",
+        location="model.architecture",
+        expression="!has(self.attention) || self.attention != 'MLA' || !has(self.kvHeads) || "
+        "self.kvHeads == 1",
+        message="spec.model.architecture: an MLA model caches one latent per token, so "
+        "kvHeads must be 1",
+        field_path=".kvHeads",
+    ),
+    CelRule(
+        rule="batched-tokens",
+        location="engine",
+        expression="!has(self.maxNumBatchedTokens) || self.maxNumBatchedTokens >= self.maxNumSeqs",
+        message="spec.engine.maxNumBatchedTokens must be at least spec.engine.maxNumSeqs",
+        message_expression=_format(
+            "max_num_batched_tokens (%d) must be greater than or equal to max_num_seqs (%d): "
+            "raise spec.engine.maxNumBatchedTokens or lower spec.engine.maxNumSeqs",
+            "self.maxNumBatchedTokens",
+            "self.maxNumSeqs",
+        ),
+        field_path=".maxNumBatchedTokens",
+    ),
+    CelRule(
+        rule="managed-flags",
+        location="engine.extraArgs",
+        expression=f"self.all(arg, !arg.matches('{_MANAGED}'))",
+        message="spec.engine.extraArgs must not set flags shoal derives from other fields "
+        "(parallelism, replicas, maxModelLen, maxNumSeqs, gpuMemoryUtilization, servedName, "
+        "prefixCaching, host, port, multi-node flags)",
+        message_expression=_format(
+            "%s: set by shoal from other fields, use spec.parallelism, spec.replicas, "
+            "spec.engine or spec.model.servedName instead",
+            f"self.filter(arg, arg.matches('{_MANAGED}'))",
+        ),
+    ),
+    CelRule(
+        rule="router-timeouts",
+        location="router.timeouts",
+        expression="self.connectSeconds <= self.firstByteSeconds && "
+        "self.firstByteSeconds <= self.totalSeconds",
+        message="spec.router.timeouts: connectSeconds <= firstByteSeconds <= totalSeconds "
+        "must hold",
+    ),
+    CelRule(
+        rule="load-weights",
+        location="router.weights",
+        expression="self.kvUsage + self.queue + self.running > 0.0",
+        message="spec.router.weights: at least one of kvUsage, queue and running must be above 0",
+    ),
+    CelRule(
+        rule="prompt-one-of",
+        location="warmup.prompts[]",
+        expression="has(self.text) != has(self.messages)",
+        message="each spec.warmup.prompts entry needs exactly one of text or messages",
+    ),
+    CelRule(
+        rule="restart-backoff",
+        location="health.restartBackoff",
+        expression="self.initialSeconds <= self.maxSeconds",
+        message="spec.health.restartBackoff: initialSeconds must not exceed maxSeconds",
+    ),
+)

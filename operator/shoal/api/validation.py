@@ -1,0 +1,235 @@
+"""Is a VLLMCluster valid, and if not, which field and what fix.
+
+The same rules the API server enforces through the schema and CEL (see
+`cel`), plus what only the planner can tell (capacity). The operator reports
+these as `SpecValid=False`; `shoal plan -f` prints them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
+
+from shoal.api.resource import VLLMCluster
+from shoal.api.spec import VLLMClusterSpec
+from shoal.planner.from_spec import RULE_FIELDS, layout_of, plan_spec
+from shoal.planner.plan import layout_refusals
+
+# vLLM flags shoal derives from other fields, and the field that sets each.
+MANAGED_FLAGS = {
+    "--tensor-parallel-size": "spec.parallelism.tensor",
+    "-tp": "spec.parallelism.tensor",
+    "--pipeline-parallel-size": "spec.parallelism.pipeline",
+    "-pp": "spec.parallelism.pipeline",
+    "--decode-context-parallel-size": "spec.parallelism.decodeContext",
+    "-dcp": "spec.parallelism.decodeContext",
+    "--data-parallel-size": "spec.replicas",
+    "-dp": "spec.replicas",
+    "--max-model-len": "spec.engine.maxModelLen",
+    "--max-num-seqs": "spec.engine.maxNumSeqs",
+    "--max-num-batched-tokens": "spec.engine.maxNumBatchedTokens",
+    "--gpu-memory-utilization": "spec.engine.gpuMemoryUtilization",
+    "--served-model-name": "spec.model.servedName",
+    "--enable-prefix-caching": "spec.engine.prefixCaching",
+    "--no-enable-prefix-caching": "spec.engine.prefixCaching",
+    "--host": "shoal (the pod's address)",
+    "--port": "shoal (the engine port)",
+    "--headless": "shoal (multi-node replicas)",
+    "--nnodes": "shoal (multi-node replicas)",
+    "--node-rank": "shoal (multi-node replicas)",
+    "--master-addr": "shoal (multi-node replicas)",
+}
+
+
+@dataclass(frozen=True)
+class SpecError:
+    """One problem: the field (a JSON path such as spec.parallelism.tensor), what is
+    wrong and how to fix it, and the rule that found it (shared with the CEL rule)."""
+
+    field: str
+    message: str
+    rule: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+def parse_cluster(manifest: dict[str, Any]) -> tuple[VLLMCluster | None, list[SpecError]]:
+    """The manifest as a VLLMCluster, or the schema errors that stop it being one."""
+    try:
+        cluster = VLLMCluster.model_validate(manifest)
+    except ValidationError as error:
+        return None, [_schema_error(detail) for detail in error.errors()]
+    return cluster, []
+
+
+def validate_cluster(manifest: dict[str, Any]) -> list[SpecError]:
+    """Every error in a manifest: schema errors, or else the spec's cross-field ones."""
+    cluster, errors = parse_cluster(manifest)
+    return errors if cluster is None else validate_spec(cluster.spec)
+
+
+def _schema_error(detail: ErrorDetails) -> SpecError:
+    path = ""
+    for part in detail["loc"]:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    message = str(detail["msg"]).removeprefix("Value error, ")
+    if detail["type"] == "extra_forbidden":
+        message = "unknown field: check its spelling against `kubectl explain vllmcluster.spec`"
+    elif detail["type"] == "missing":
+        message = "required field is missing"
+    return SpecError(field=path, message=message, rule="schema")
+
+
+def validate_spec(spec: VLLMClusterSpec) -> list[SpecError]:
+    """Cross-field errors of a spec that passed the schema, each naming its field and fix."""
+    errors: list[SpecError] = []
+    for check in _CHECKS:
+        errors += check(spec)
+    errors += _planner_errors(spec)
+    return errors
+
+
+def _source(spec: VLLMClusterSpec) -> list[SpecError]:
+    source = spec.model.source
+    if source is None or (source.pvc is None) != (source.hf is None):
+        return []
+    return [
+        SpecError(
+            "spec.model.source",
+            "give exactly one of pvc (a PersistentVolumeClaim) or hf (the Hugging Face Hub)",
+            "source-one-of",
+        )
+    ]
+
+
+def _architecture(spec: VLLMClusterSpec) -> list[SpecError]:
+    given = spec.model.architecture
+    if given is None:
+        return []
+    errors: list[SpecError] = []
+    shape = (given.layers, given.query_heads, given.kv_heads, given.head_size, given.parameters)
+    if given.preset is None and None in shape:
+        errors.append(
+            SpecError(
+                "spec.model.architecture",
+                "give a preset, or all of layers, queryHeads, kvHeads, headSize and parameters",
+                "architecture-complete",
+            )
+        )
+    if given.query_heads and given.kv_heads and given.query_heads % given.kv_heads:
+        errors.append(
+            SpecError(
+                "spec.model.architecture.kvHeads",
+                f"queryHeads ({given.query_heads}) must be a multiple of kvHeads "
+                f"({given.kv_heads}): each KV head serves a whole group of query heads",
+                "architecture-heads",
+            )
+        )
+    if given.attention == "MLA" and given.kv_heads not in (None, 1):
+        errors.append(
+            SpecError(
+                "spec.model.architecture.kvHeads",
+                "an MLA model caches one latent per token: set kvHeads to 1 and headSize to "
+                "the latent size (kv_lora_rank + qk_rope_head_dim)",
+                "mla-kv-heads",
+            )
+        )
+    return errors
+
+
+def _engine(spec: VLLMClusterSpec) -> list[SpecError]:
+    engine = spec.engine
+    errors: list[SpecError] = []
+    batched = engine.max_num_batched_tokens
+    if batched is not None and batched < engine.max_num_seqs:
+        errors.append(
+            SpecError(
+                "spec.engine.maxNumBatchedTokens",
+                f"max_num_batched_tokens ({batched}) must be greater than or equal to "
+                f"max_num_seqs ({engine.max_num_seqs}): raise maxNumBatchedTokens or lower "
+                "maxNumSeqs",
+                "batched-tokens",
+            )
+        )
+    for arg in engine.extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in MANAGED_FLAGS:
+            errors.append(
+                SpecError(
+                    "spec.engine.extraArgs",
+                    f"{flag} is set by shoal: use {MANAGED_FLAGS[flag]} instead",
+                    "managed-flags",
+                )
+            )
+    return errors
+
+
+def _router(spec: VLLMClusterSpec) -> list[SpecError]:
+    router = spec.router
+    errors: list[SpecError] = []
+    timeouts = router.timeouts
+    if not timeouts.connect_seconds <= timeouts.first_byte_seconds <= timeouts.total_seconds:
+        errors.append(
+            SpecError(
+                "spec.router.timeouts",
+                "connectSeconds <= firstByteSeconds <= totalSeconds must hold: a later "
+                "deadline cannot be shorter than an earlier one",
+                "router-timeouts",
+            )
+        )
+    weights = router.weights
+    if weights.kv_usage + weights.queue + weights.running <= 0:
+        errors.append(
+            SpecError(
+                "spec.router.weights",
+                "at least one of kvUsage, queue and running must be above 0, or every "
+                "replica would look equally loaded",
+                "load-weights",
+            )
+        )
+    return errors
+
+
+def _warmup(spec: VLLMClusterSpec) -> list[SpecError]:
+    return [
+        SpecError(
+            f"spec.warmup.prompts[{index}]",
+            "give exactly one of text (a plain prompt) or messages (a chat)",
+            "prompt-one-of",
+        )
+        for index, prompt in enumerate(spec.warmup.prompts)
+        if (prompt.text is None) == (prompt.messages is None)
+    ]
+
+
+def _health(spec: VLLMClusterSpec) -> list[SpecError]:
+    backoff = spec.health.restart_backoff
+    if backoff.initial_seconds <= backoff.max_seconds:
+        return []
+    return [
+        SpecError(
+            "spec.health.restartBackoff",
+            f"initialSeconds ({backoff.initial_seconds}) must not exceed maxSeconds "
+            f"({backoff.max_seconds})",
+            "restart-backoff",
+        )
+    ]
+
+
+def _planner_errors(spec: VLLMClusterSpec) -> list[SpecError]:
+    """The planner's refusals; without an architecture, the layout rules needing none."""
+    capacity = plan_spec(spec)
+    if capacity is not None:
+        refusals = capacity.refusals
+    else:
+        refusals = layout_refusals(None, layout_of(spec), gpus_per_node=spec.gpu.per_node)
+    return [
+        SpecError(refusal.field or RULE_FIELDS[refusal.rule], refusal.message, refusal.rule)
+        for refusal in refusals
+    ]
+
+
+_CHECKS = (_source, _architecture, _engine, _router, _warmup, _health)
