@@ -67,12 +67,13 @@ class Router:
 
     async def _after_scrape(self) -> None:
         now = time.monotonic()
+        self.fleet.sweep(now)
+        views = {c.replica: c for c in self.fleet.candidates(blocks=[])}
         for replica in self.fleet.replicas.values():
-            candidates = self.fleet.candidates(blocks=[], now=now)
-            for c in candidates:
-                if c.replica == replica.id:
-                    self.metrics.load.labels(replica.endpoint.name).set(c.load)
-            self.metrics.circuit.labels(replica.endpoint.name).set(int(replica.breaker.state(now)))
+            name = replica.endpoint.name
+            view = views.get(replica.id)
+            self.metrics.load.labels(name).set(view.load if view is not None else 1.0)
+            self.metrics.circuit.labels(name).set(int(replica.breaker.state(now)))
         await self.proxy.notify_capacity()
 
     # ---- lifecycle

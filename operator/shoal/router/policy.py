@@ -7,17 +7,22 @@ request should wait in the admission queue.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import xxhash
 
 from shoal.router.config import Policy, RouterConfig
-from shoal.router.prefix import rendezvous_score
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
+    # A NamedTuple, not a dataclass: one is built per replica per request,
+    # and the decision-time budget is 100 us for 64 replicas.
     replica: str
     load: float  # the load score L, 1.0 when metrics are stale
     saturated: bool
@@ -39,7 +44,17 @@ class Choice:
 
 
 def _rendezvous(candidates: Sequence[Candidate], key: int) -> Candidate:
-    return max(candidates, key=lambda c: rendezvous_score(key, c.replica))
+    # C-level loops (map, max over indices): this runs for most requests, over
+    # up to the whole fleet, within the decision-time budget.
+    score = functools.partial(xxhash.xxh3_64_intdigest, seed=key & _MASK64)
+    scores = list(map(score, map(str.encode, map(_REPLICA, candidates))))
+    return candidates[max(range(len(scores)), key=scores.__getitem__)]
+
+
+_REPLICA = operator.attrgetter("replica")
+_LOAD = operator.attrgetter("load")
+_HIT = operator.attrgetter("hit")
+_MASK64 = 0xFFFFFFFFFFFFFFFF
 
 
 class Chooser:
@@ -95,9 +110,18 @@ class Chooser:
         hit_weight: float = 1.0,
     ) -> Choice:
         """argmax(hit - beta * load); near-ties go by rendezvous hashing."""
-        scores = [(hit_weight * c.hit - beta * c.load, c) for c in eligible]
-        best = max(score for score, _ in scores)
-        tied = [c for score, c in scores if score >= best - self.config.tie_tolerance]
+        tolerance = self.config.tie_tolerance
+        if hit_weight == 0 or not any(map(_HIT, eligible)):
+            # Cold prefix (the common case for new prompts): scores are -beta * load.
+            if beta == 0:
+                tied = list(eligible)
+            else:
+                limit = min(map(_LOAD, eligible)) + tolerance / beta
+                tied = [c for c in eligible if c.load <= limit]
+        else:
+            scores = [hit_weight * c.hit - beta * c.load for c in eligible]
+            floor = max(scores) - tolerance
+            tied = [c for c, score in zip(eligible, scores, strict=True) if score >= floor]
         pick = _rendezvous(tied, key) if len(tied) > 1 else tied[0]
         return Choice(pick.replica, pick.hit, reason)
 
@@ -123,9 +147,8 @@ class Chooser:
         # it, it stays within ceil((1 + epsilon) x the mean). A hot shared
         # prefix therefore spreads over the fleet instead of pinning one replica.
         unit = self.config.weights.running / self.config.max_num_seqs
-        total = sum(c.load for c in eligible) / unit + 1
+        total = sum(map(_LOAD, eligible)) / unit + 1
         capacity = math.ceil((1 + self.config.epsilon) * total / len(eligible))
-        bounded = [c for c in eligible if c.load / unit + 1 <= capacity + 1e-9] or [
-            min(eligible, key=lambda c: c.load)
-        ]
+        limit = (capacity - 1) * unit + 1e-12
+        bounded = [c for c in eligible if c.load <= limit] or [min(eligible, key=_LOAD)]
         return self._best(bounded, facts.affinity_key, beta=self.config.beta, reason="cache-aware")

@@ -62,9 +62,3 @@ def block_hashes(text: str, *, block_chars: int, max_blocks: int) -> list[int]:
         )
         hashes.append(hasher.intdigest())
     return hashes
-
-
-def rendezvous_score(key: int, replica: str) -> int:
-    """Highest-random-weight hashing: every router ranks replicas for a key
-    the same way, without sharing state."""
-    return xxhash.xxh3_64_intdigest(replica.encode(), seed=key & 0xFFFFFFFFFFFFFFFF)

@@ -225,13 +225,12 @@ class Proxy:
         timeouts = self.config.timeouts
         url = replica.endpoint.url + request.rel_url.path
         name = replica.endpoint.name
-        now = time.monotonic()
-        replica.breaker.on_start(now)
-        replica.inflight += 1
+        self.fleet.begin(replica)
         self.inflight += 1
         self.metrics.inflight.labels(name).set(replica.inflight)
         sent_at = time.perf_counter()
         upstream: aiohttp.ClientResponse | None = None
+        outcome: bool | None = None
         try:
             try:
                 upstream = await asyncio.wait_for(
@@ -246,23 +245,20 @@ class Proxy:
                     timeout=timeouts.first_byte_seconds,
                 )
             except TimeoutError as error:
-                self._failed(replica)
+                outcome = False
                 raise UpstreamFailed("first_byte_timeout") from error
             except aiohttp.ClientError as error:
-                self._failed(replica)
+                outcome = False
                 raise UpstreamFailed("connect_error") from error
             if upstream.status in RETRYABLE_STATUS:
-                self._failed(replica)
+                outcome = False
                 upstream.close()
                 raise UpstreamFailed(f"status_{upstream.status}")
             self.metrics.ttft.labels(name).observe(time.perf_counter() - sent_at)
-            response = await self._relay(request, upstream, stream=stream, replica=name)
             # Other server errors pass through (the engine's own answer), but
             # count against the replica's breaker.
-            if upstream.status >= 500:
-                self._failed(replica)
-            else:
-                replica.breaker.on_success()
+            outcome = upstream.status < 500
+            response = await self._relay(request, upstream, stream=stream, replica=name)
             self.metrics.requests.labels(name, str(upstream.status)).inc()
             return response
         except asyncio.CancelledError:
@@ -270,17 +266,18 @@ class Proxy:
             # engine aborts the request and frees its KV blocks.
             if upstream is not None:
                 upstream.close()
+            outcome = None
             self.metrics.requests.labels(name, "499").inc()
             raise
+        except (aiohttp.ClientError, TimeoutError):
+            outcome = False  # broke mid-stream, after bytes reached the client
+            raise
         finally:
-            replica.inflight -= 1
+            self.fleet.end(replica, ok=outcome)
             self.inflight -= 1
             self.metrics.inflight.labels(name).set(replica.inflight)
             self.metrics.circuit.labels(name).set(int(replica.breaker.state(time.monotonic())))
             asyncio.get_running_loop().create_task(self.notify_capacity())
-
-    def _failed(self, replica: Replica) -> None:
-        replica.breaker.on_failure(time.monotonic())
 
     async def _relay(
         self, request: web.Request, upstream: aiohttp.ClientResponse, *, stream: bool, replica: str

@@ -1,0 +1,1 @@
+"""Benchmarks: numbers for the closing notes, never timed tests."""
