@@ -1,0 +1,87 @@
+"""An upstream that answers at once, for measuring the router's own cost.
+
+Non-streamed completions get a small vLLM-shaped body straight away;
+streamed ones get `chunks` SSE chunks `interval` seconds apart, then
+`[DONE]`. `/metrics` shows an idle engine, so the router treats it as healthy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+from aiohttp import web
+
+_BODY = json.dumps(
+    {
+        "id": "cmpl-0",
+        "object": "text_completion",
+        "created": 0,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "text": " ok",
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+            }
+        ],
+        "usage": {"prompt_tokens": 4, "total_tokens": 5, "completion_tokens": 1},
+    }
+).encode()
+_METRICS = (
+    b"# TYPE vllm:num_requests_running gauge\n"
+    b'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
+    b"# TYPE vllm:num_requests_waiting gauge\n"
+    b'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n'
+    b"# TYPE vllm:kv_cache_usage_perc gauge\n"
+    b'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.0\n'
+)
+
+
+def build_app(*, chunks: int, interval: float) -> web.Application:
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if not body.get("stream"):
+            return web.Response(body=_BODY, content_type="application/json")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(chunks):
+            chunk = {"id": "cmpl-0", "choices": [{"index": 0, "text": f" t{i}"}]}
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await asyncio.sleep(interval)
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=_METRICS, content_type="text/plain")
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/health", health)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--chunks", type=int, default=16)
+    parser.add_argument("--interval", type=float, default=0.02)
+    args = parser.parse_args()
+    web.run_app(
+        build_app(chunks=args.chunks, interval=args.interval),
+        host="127.0.0.1",
+        port=args.port,
+        access_log=None,
+        print=None,
+    )
+
+
+if __name__ == "__main__":
+    main()
