@@ -1,0 +1,132 @@
+"""Router behaviour at the edges: API keys, body limits, broken metrics,
+hot prefixes and graceful drain."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.integration.procs import MODEL, free_port, router, sims, wait_http
+
+
+def _post(url: str, body: object, **kwargs: object) -> httpx.Response:
+    return httpx.post(url + "/v1/completions", json=body, timeout=30, **kwargs)  # type: ignore[arg-type]
+
+
+def test_api_keys_are_required_when_configured(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("sk-one\nsk-two\n")
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+    with (
+        sims(1, tmp_path) as urls,
+        router(urls, tmp_path, config={"apiKeyFile": str(keys)}) as front,
+    ):
+        missing = _post(front, body)
+        assert missing.status_code == 401
+        assert missing.json()["error"]["type"] == "AuthenticationError"
+        assert _post(front, body, headers={"Authorization": "Bearer sk-nope"}).status_code == 401
+        assert _post(front, body, headers={"Authorization": "Bearer sk-two"}).status_code == 200
+
+
+def test_oversized_body_is_refused_with_an_openai_error(tmp_path: Path) -> None:
+    with sims(1, tmp_path) as urls, router(urls, tmp_path, config={"maxBodyBytes": 4096}) as front:
+        big = _post(front, {"model": MODEL, "prompt": "x" * 10_000, "max_tokens": 1})
+        assert big.status_code == 413
+        assert big.json()["error"]["code"] == 413
+        assert (
+            _post(front, {"model": MODEL, "prompt": "x" * 100, "max_tokens": 1}).status_code == 200
+        )
+
+
+def test_broken_metrics_count_as_full_load_but_never_cause_an_outage(tmp_path: Path) -> None:
+    body = {"model": MODEL, "prompt": "route me", "max_tokens": 1}
+    with (
+        sims(1, tmp_path, extra=["--sim-broken-metrics", "error"]) as broken,
+        sims(1, tmp_path / "..", extra=[]) as healthy,
+        router([*broken, *healthy], tmp_path) as front,
+    ):
+        time.sleep(1.0)  # a few scrape rounds
+        placed = {_post(front, body).headers["x-shoal-replica"] for _ in range(8)}
+        assert placed == {healthy[0].removeprefix("http://")}
+    with (
+        sims(2, tmp_path, extra=["--sim-broken-metrics", "garbage"]) as urls,
+        router(urls, tmp_path, config={"policy": "least-request"}, name="r2") as front,
+    ):
+        time.sleep(1.0)
+        # Every replica's metrics are stale: route on in-flight counts instead.
+        responses = [_post(front, body) for _ in range(6)]
+        assert all(r.status_code == 200 for r in responses)
+
+
+def test_hot_prefixes_are_served_on_the_internal_port_only(tmp_path: Path) -> None:
+    internal = free_port()
+    shared = "You are the support assistant of ACME. Answer briefly and kindly. " * 6
+    config = {"hotPrefixes": {"enabled": True, "topK": 4, "port": internal}}
+    with sims(1, tmp_path) as urls, router(urls, tmp_path, config=config) as front:
+        for i in range(5):
+            assert (
+                _post(
+                    front, {"model": MODEL, "prompt": shared + f"Q{i}?", "max_tokens": 1}
+                ).status_code
+                == 200
+            )
+        hot = httpx.get(f"http://127.0.0.1:{internal}/hot-prefixes", timeout=5).json()
+        prompts = [p["prompt"] for p in hot["prefixes"]]
+        assert prompts and all(shared.startswith(p) for p in prompts)
+        assert max(len(p) for p in prompts) >= 256
+        assert httpx.get(front + "/hot-prefixes", timeout=5).status_code == 404
+
+
+def test_sigterm_drains_in_flight_streams_before_exit(tmp_path: Path) -> None:
+    with sims(1, tmp_path, time_scale=1.0) as urls:
+        port = free_port()
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "shoal.cli",
+                "router",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--endpoints",
+                urls[0],
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        front = f"http://127.0.0.1:{port}"
+        wait_http(front + "/ready", process=process)
+        received: list[bytes] = []
+
+        def stream() -> None:
+            with httpx.stream(
+                "POST",
+                front + "/v1/completions",
+                timeout=60,
+                json={
+                    "model": MODEL,
+                    "prompt": "long",
+                    "max_tokens": 150,
+                    "ignore_eos": True,
+                    "stream": True,
+                },
+            ) as response:
+                received.extend(response.iter_raw())
+
+        worker = threading.Thread(target=stream)
+        worker.start()
+        time.sleep(0.3)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        assert httpx.get(front + "/ready", timeout=5).status_code == 503, "draining is not Ready"
+        worker.join(timeout=60)
+        assert b"".join(received).rstrip().endswith(b"data: [DONE]"), "the stream was cut"
+        assert process.wait(timeout=30) == 0
