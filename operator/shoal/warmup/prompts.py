@@ -1,0 +1,100 @@
+"""Warm-up prompts: plain text or chat messages, from the VLLMCluster spec, a
+ConfigMap, the router's hot prefixes, or a file; bounded in count and size."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MAX_PROMPT_CHARS = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One warm-up request: `text` for /v1/completions, or `messages` for
+    /v1/chat/completions."""
+
+    text: str | None = None
+    messages: tuple[tuple[str, str], ...] | None = None
+
+    def request(self, model: str) -> tuple[str, dict[str, Any]]:
+        """The endpoint path and body that warm this prompt: one token out,
+        so the engine's work is the prefill that fills the cache."""
+        if self.messages is not None:
+            return "/v1/chat/completions", {
+                "model": model,
+                "messages": [{"role": r, "content": c} for r, c in self.messages],
+                "max_tokens": 1,
+            }
+        return "/v1/completions", {"model": model, "prompt": self.text or "", "max_tokens": 1}
+
+    @property
+    def size(self) -> int:
+        if self.messages is not None:
+            return sum(len(c) for _, c in self.messages)
+        return len(self.text or "")
+
+
+def from_object(item: Any) -> Prompt:
+    """A prompt from `{"prompt": ...}`, `{"text": ...}` or `{"messages": [...]}`."""
+    if isinstance(item, str):
+        return Prompt(text=item)
+    if not isinstance(item, dict):
+        raise ValueError(f"a warm-up prompt must be a string or an object, not {item!r:.60}")
+    if "messages" in item and item["messages"] is not None:
+        messages = item["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("'messages' must be a non-empty list of {role, content}")
+        pairs = []
+        for message in messages:
+            if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+                raise ValueError("each message needs a string 'content'")
+            pairs.append((str(message.get("role", "user")), message["content"]))
+        return Prompt(messages=tuple(pairs))
+    text = item.get("prompt", item.get("text"))
+    if not isinstance(text, str):
+        raise ValueError("a warm-up prompt object needs 'prompt' (or 'text') or 'messages'")
+    return Prompt(text=text)
+
+
+def parse_lines(content: str, *, jsonl: bool) -> list[Prompt]:
+    """One plain-text prompt per line, or one JSON object per line."""
+    prompts = []
+    for number, line in enumerate(content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if not jsonl:
+            prompts.append(Prompt(text=line))
+            continue
+        try:
+            prompts.append(from_object(json.loads(line)))
+        except (json.JSONDecodeError, ValueError) as error:
+            raise ValueError(f"line {number}: {error}") from error
+    return prompts
+
+
+def load_file(path: Path) -> list[Prompt]:
+    return parse_lines(path.read_text(), jsonl=path.suffix == ".jsonl")
+
+
+def combine(sources: Iterable[Iterable[Prompt]], *, max_prompts: int) -> list[Prompt]:
+    """Sources in order of preference, duplicates and empty prompts dropped,
+    over-long prompts cut, at most max_prompts in all."""
+    seen: set[Prompt] = set()
+    out: list[Prompt] = []
+    for source in sources:
+        for prompt in source:
+            if prompt.size == 0:
+                continue
+            if prompt.text is not None and len(prompt.text) > MAX_PROMPT_CHARS:
+                prompt = Prompt(text=prompt.text[:MAX_PROMPT_CHARS])
+            if prompt in seen:
+                continue
+            seen.add(prompt)
+            out.append(prompt)
+            if len(out) >= max_prompts:
+                return out
+    return out

@@ -1,0 +1,139 @@
+"""Warm one engine and verify it, over its OpenAI API and `/metrics`.
+
+Send every prompt with `max_tokens: 1` (bounded concurrency, so warm-up does
+not starve the engine), then replay a sample one at a time and compare the
+rise of `vllm:prefix_cache_hits_total` with the hits a fully cached prompt
+would give. KV usage cannot tell: real vLLM reads 0% on a warm idle engine.
+If the ratio falls short (a set larger than the cache evicts its first
+prompts), warm again until the deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import httpx
+
+from shoal.router.signals import parse_metrics
+from shoal.warmup.prompts import Prompt
+from shoal.warmup.verify import expected_hits, hit_ratio, replay_sample
+
+
+class Verdict(StrEnum):
+    WARM = "Warm"
+    NOT_WARM = "NotWarm"  # verified below the ratio until the deadline
+    TIMEOUT = "Timeout"  # the deadline passed before a verification finished
+    UNREACHABLE = "Unreachable"
+    NOTHING_TO_VERIFY = "NothingToVerify"  # no prompt spans a whole block
+
+
+@dataclass(frozen=True)
+class WarmupResult:
+    verdict: Verdict
+    prompts_sent: int
+    hit_ratio: float | None
+    duration_seconds: float
+    rounds: int
+    detail: str = ""
+
+    @property
+    def message(self) -> str:
+        ratio = "n/a" if self.hit_ratio is None else f"{self.hit_ratio:.2f}"
+        text = (
+            f"{self.verdict}: {self.prompts_sent} prompts sent in {self.rounds} round(s), "
+            f"hit ratio {ratio}, {self.duration_seconds:.1f}s"
+        )
+        return f"{text}; {self.detail}" if self.detail else text
+
+
+class EngineError(Exception):
+    pass
+
+
+async def served_model(client: httpx.AsyncClient, endpoint: str) -> str:
+    response = await client.get(endpoint + "/v1/models")
+    response.raise_for_status()
+    models = response.json().get("data") or []
+    if not models:
+        raise EngineError(f"{endpoint}/v1/models lists no model")
+    return str(models[0]["id"])
+
+
+async def _metrics(client: httpx.AsyncClient, endpoint: str) -> tuple[float, int | None]:
+    response = await client.get(endpoint + "/metrics")
+    response.raise_for_status()
+    signals = parse_metrics(response.text)
+    return signals.prefix_hits, signals.block_size
+
+
+async def _send(client: httpx.AsyncClient, endpoint: str, model: str, prompt: Prompt) -> int:
+    path, body = prompt.request(model)
+    response = await client.post(endpoint + path, json=body)
+    if response.status_code != 200:
+        raise EngineError(f"{path} answered {response.status_code}: {response.text[:200]}")
+    return int(response.json()["usage"]["prompt_tokens"])
+
+
+async def warm(
+    endpoint: str,
+    prompts: Sequence[Prompt],
+    *,
+    model: str | None = None,
+    min_hit_ratio: float = 0.9,
+    timeout_seconds: float = 300.0,
+    concurrency: int = 4,
+    sample_size: int = 8,
+    request_timeout_seconds: float = 60.0,
+) -> WarmupResult:
+    started = time.monotonic()
+    endpoint = endpoint.rstrip("/")
+    sent = 0
+    rounds = 0
+    ratio: float | None = None
+
+    def result(verdict: Verdict, detail: str = "") -> WarmupResult:
+        return WarmupResult(verdict, sent, ratio, time.monotonic() - started, rounds, detail)
+
+    async with httpx.AsyncClient(timeout=request_timeout_seconds) as client:
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                model = model or await served_model(client, endpoint)
+                limit = asyncio.Semaphore(concurrency)
+
+                async def send(prompt: Prompt) -> int:
+                    nonlocal sent
+                    async with limit:
+                        tokens = await _send(client, endpoint, model, prompt)
+                        sent += 1
+                        return tokens
+
+                while True:
+                    rounds += 1
+                    tokens = await asyncio.gather(*(send(p) for p in prompts))
+                    hits_before, block_size = await _metrics(client, endpoint)
+                    if block_size is None:
+                        return result(Verdict.UNREACHABLE, "no vllm:cache_config_info block size")
+                    sample = replay_sample(len(prompts), size=sample_size)
+                    expected = [expected_hits(tokens[i], block_size) for i in sample]
+                    if sum(expected) == 0:
+                        return result(
+                            Verdict.NOTHING_TO_VERIFY,
+                            f"no sampled prompt is longer than one {block_size}-token block",
+                        )
+                    # One at a time: a replay must not hit blocks another replay
+                    # is computing in the same step.
+                    for i in sample:
+                        await send(prompts[i])
+                    hits_after, _ = await _metrics(client, endpoint)
+                    ratio = hit_ratio(hits_after - hits_before, expected)
+                    if ratio is not None and ratio >= min_hit_ratio:
+                        return result(Verdict.WARM)
+        except TimeoutError:
+            verdict = Verdict.TIMEOUT if ratio is None else Verdict.NOT_WARM
+            return result(verdict, f"deadline of {timeout_seconds:.0f}s passed")
+        except (httpx.HTTPError, EngineError, KeyError, ValueError) as error:
+            return result(Verdict.UNREACHABLE, str(error) or type(error).__name__)

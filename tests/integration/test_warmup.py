@@ -1,0 +1,102 @@
+"""Warm-up against simulated engines: verified from the engine's own hit
+counters, and a prompt set the cache cannot hold never passes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from shoal.warmup.prompts import Prompt
+from shoal.warmup.runner import Verdict, warm
+from tests.integration.procs import MODEL, engine_metric, sims
+
+SYSTEM = "You are the assistant of the shoal fleet; answer from the manual. "
+
+
+def _prompts(count: int, words: int) -> list[Prompt]:
+    return [Prompt(text=f"tenant {i}: " + (SYSTEM * words)) for i in range(count)]
+
+
+def test_a_cold_engine_is_warmed_and_verified(tmp_path: Path) -> None:
+    with sims(1, tmp_path) as urls:
+        assert engine_metric(urls[0], "vllm:prefix_cache_hits_total") == 0
+        result = asyncio.run(warm(urls[0], _prompts(6, 8), min_hit_ratio=0.9, timeout_seconds=30))
+        assert result.verdict is Verdict.WARM, result.message
+        assert result.hit_ratio is not None and result.hit_ratio >= 0.9
+        assert result.prompts_sent >= 6
+        assert engine_metric(urls[0], "vllm:prefix_cache_hits_total") > 0
+
+
+def test_a_set_larger_than_the_cache_ends_by_timeout(tmp_path: Path) -> None:
+    # 40 blocks of 16 tokens: far less than 30 prompts of a hundred tokens or more.
+    small = ["--num-gpu-blocks-override", "40", "--block-size", "16", "--max-model-len", "512"]
+    with sims(1, tmp_path, extra=small) as urls:
+        result = asyncio.run(
+            warm(urls[0], _prompts(30, 6), min_hit_ratio=0.9, timeout_seconds=4, sample_size=8)
+        )
+        assert result.verdict in (Verdict.NOT_WARM, Verdict.TIMEOUT), result.message
+        assert result.rounds >= 1
+        if result.hit_ratio is not None:
+            assert result.hit_ratio < 0.9
+
+
+def test_shoal_warmup_command(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "system", "content": SYSTEM * 8},
+                        {"role": "user", "content": f"question {i}"},
+                    ]
+                }
+            )
+            for i in range(4)
+        )
+    )
+    with sims(1, tmp_path) as urls:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "shoal.cli",
+                "warmup",
+                "--endpoint",
+                urls[0],
+                "--prompts",
+                str(prompts),
+                "--model",
+                MODEL,
+                "--output",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        report = json.loads(done.stdout)
+        assert report["verdict"] == "Warm" and report["promptsSent"] >= 4
+        unreachable = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "shoal.cli",
+                "warmup",
+                "--endpoint",
+                "http://127.0.0.1:9",
+                "--prompts",
+                str(prompts),
+                "--timeout",
+                "5",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert unreachable.returncode == 1
+        assert "Unreachable" in unreachable.stdout
