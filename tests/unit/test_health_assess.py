@@ -1,0 +1,91 @@
+"""Which probe results count as failures, and when a replica must restart."""
+
+from __future__ import annotations
+
+from shoal.health.assess import HealthTracker, Outcome, Probe, Reason
+
+
+def tracker(threshold: int = 3) -> HealthTracker:
+    return HealthTracker(stall_seconds=30, failure_threshold=threshold)
+
+
+def healthy(at: float, tokens: float = 100.0, running: float = 0.0) -> Probe:
+    return Probe(
+        at=at,
+        health=Outcome.OK,
+        canary=Outcome.OK,
+        running=running,
+        generation_tokens=tokens,
+        tokens_during_canary=1.0,
+    )
+
+
+def test_hung_engine_answers_health_but_not_the_canary() -> None:
+    t = tracker()
+    hung = Probe(
+        at=0,
+        health=Outcome.OK,
+        canary=Outcome.TIMEOUT,
+        running=3,
+        generation_tokens=50,
+        tokens_during_canary=0,
+    )
+    results = [t.observe(hung) for _ in range(3)]
+    assert [r.reason for r in results] == [Reason.HUNG] * 3
+    assert [r.unhealthy for r in results] == [False, False, True]
+    assert not results[-1].connection_level
+
+
+def test_busy_engine_with_a_late_canary_is_not_restarted() -> None:
+    t = tracker(threshold=1)
+    busy = Probe(
+        at=0,
+        health=Outcome.OK,
+        canary=Outcome.TIMEOUT,
+        running=200,
+        generation_tokens=5000,
+        tokens_during_canary=900,
+    )
+    assert t.observe(busy).ok
+
+
+def test_stall_needs_running_requests_and_flat_tokens_for_the_window() -> None:
+    t = tracker(threshold=1)
+    assert t.observe(healthy(0, tokens=10, running=4)).ok
+    assert t.observe(healthy(20, tokens=10, running=4)).ok  # flat for 20s < 30s
+    stalled = t.observe(healthy(31, tokens=10, running=4))
+    assert stalled.reason is Reason.STALLED and stalled.unhealthy
+    assert t.observe(healthy(40, tokens=11, running=4)).ok  # progress resets it
+    idle = tracker(threshold=1)
+    for at in (0, 100, 200):  # idle engines generate nothing, rightly
+        assert idle.observe(healthy(at, tokens=10, running=0)).ok
+
+
+def test_dead_engine_is_connection_level_and_one_success_resets_the_count() -> None:
+    t = tracker()
+    refused = t.observe(Probe(at=0, health=Outcome.REFUSED, metrics_ok=False))
+    assert refused.reason is Reason.DEAD and refused.connection_level
+    dying = t.observe(Probe(at=1, health=Outcome.ERROR, health_status=503, metrics_ok=False))
+    assert dying.reason is Reason.DEAD and not dying.connection_level and dying.consecutive == 2
+    assert t.observe(healthy(2)).consecutive == 0
+
+
+def test_failing_requests_and_broken_metrics_count() -> None:
+    t = tracker(threshold=1)
+    failing = t.observe(
+        Probe(
+            at=0,
+            health=Outcome.OK,
+            canary=Outcome.ERROR,
+            canary_status=500,
+            generation_tokens=1,
+            tokens_during_canary=0,
+        )
+    )
+    assert failing.reason is Reason.FAILING and "500" in failing.detail
+    routed = tracker(threshold=1).observe(healthy(0), router_error_rate=0.8)
+    assert routed.reason is Reason.FAILING and "80%" in routed.detail
+    blind = tracker(threshold=1).observe(
+        Probe(at=0, health=Outcome.OK, canary=Outcome.OK, metrics_ok=False)
+    )
+    assert blind.reason is Reason.METRICS
