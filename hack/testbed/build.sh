@@ -106,9 +106,17 @@ log "building kwok $KWOK_VERSION"
 GOBIN="$bin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
 # kwok's stage YAMLs ship in its module; keep a copy beside the binary for reference.
 log "building helm $HELM_VERSION"
+# Helm's own build stamps the Kubernetes version of its client libraries; without
+# it, offline `helm template` and `helm lint` assume Kubernetes 1.20.
+helm_dir="$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+helm_k8s_minor="$(sed -n 's#^\s*k8s.io/client-go v0\.\([0-9]*\)\..*#\1#p' "$helm_dir/go.mod")"
 GOBIN="$bin" go install -trimpath -ldflags "-s -w \
  -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION \
- -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
+ -X helm.sh/helm/v3/internal/version.gitTreeState=clean \
+ -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 \
+ -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$helm_k8s_minor \
+ -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 \
+ -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$helm_k8s_minor" \
   "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 
 rm -rf "$work"

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# End to end on kind, for machines with Docker (it cannot run where CI runs:
+# no Docker engine there; the testbed in hack/shoal_testbed plays this part).
+# Fake GPUs: each worker node advertises nvidia.com/gpu through a status patch,
+# and engine pods run the simulator image (`shoal sim` accepts vLLM's flags).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cluster=${CLUSTER:-shoal-e2e}
+image=${IMAGE:-shoal:dev}
+
+docker build -t "$image" .
+kind create cluster --name "$cluster" --config - <<'KIND'
+kind: Cluster
+apiVersion: kind.x-k8s.io/v1alpha4
+nodes: [{role: control-plane}, {role: worker}, {role: worker}]
+KIND
+trap 'kind delete cluster --name "$cluster"' EXIT
+kind load docker-image "$image" --name "$cluster"
+
+for node in $(kubectl get nodes -l '!node-role.kubernetes.io/control-plane' -o name); do
+  kubectl label "$node" nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3 --overwrite
+  kubectl patch "$node" --subresource=status --type=json \
+    -p '[{"op":"add","path":"/status/capacity/nvidia.com~1gpu","value":"8"}]'
+done
+
+helm install shoal charts/shoal --namespace shoal-system --create-namespace \
+  --set image.repository="${image%:*}" --set image.tag="${image#*:}" --wait
+helm test shoal --namespace shoal-system
+
+# The simulator stands in for vLLM: same image, same flags.
+sed "s|^  replicas: 4|  replicas: 2\n  image: $image|" examples/llama-8b-single-gpu.yaml \
+  | kubectl apply -f -
+kubectl wait vllmcluster/llama-8b --for=condition=Ready --timeout=300s
+kubectl get vllmclusters

@@ -1,0 +1,133 @@
+"""The Helm chart rendered and linted by the real helm: every values file in
+charts/shoal/ci, least-privilege RBAC in each mode, and bad values refused by
+the schema with a message that names them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from shoal_testbed.cluster import REPO, bin_dir
+from tests.conftest import require
+
+pytestmark = pytest.mark.e2e
+
+CHART = REPO / "charts" / "shoal"
+VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    require((bin_dir() / "helm").exists(), "helm missing: run `make testbed`")
+    return subprocess.run(
+        [str(bin_dir() / "helm"), *args], capture_output=True, text=True, check=check, timeout=120
+    )
+
+
+def render(values: Path | None = None, *extra: str) -> list[dict[str, Any]]:
+    args = ["template", "shoal", str(CHART), "--namespace", "shoal-system"]
+    if values is not None:
+        args += ["-f", str(values)]
+    out = helm(*args, *extra).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def kinds(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        out.setdefault(doc["kind"], []).append(doc)
+    return out
+
+
+@pytest.mark.parametrize("values", VALUES, ids=[v.stem for v in VALUES])
+def test_lint_and_template_every_values_file(values: Path) -> None:
+    lint = helm("lint", str(CHART), "-f", str(values), "--strict", check=False)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    docs = render(values)
+    by_kind = kinds(docs)
+    (deployment,) = by_kind["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["args"][0] == "operator"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    for doc in docs:
+        labels = doc["metadata"].get("labels", {})
+        assert labels.get("app.kubernetes.io/part-of") == "shoal", doc["metadata"]["name"]
+
+
+def test_watch_namespaces_get_roles_not_cluster_wide_rules() -> None:
+    by_kind = kinds(render(CHART / "ci" / "namespaced-values.yaml"))
+    roles = {r["metadata"]["namespace"]: r for r in by_kind["Role"]}
+    assert set(roles) >= {"team-a", "team-b"}
+    (cluster_role,) = by_kind["ClusterRole"]
+    cluster_resources = {res for rule in cluster_role["rules"] for res in rule["resources"]}
+    assert "statefulsets" not in cluster_resources, "namespaced mode must not grant cluster-wide"
+    args = by_kind["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+    assert {p["metadata"]["namespace"] for p in by_kind["NetworkPolicy"]} == {"team-a", "team-b"}
+
+
+def test_no_rbac_values_create_no_rbac_and_use_the_given_account() -> None:
+    by_kind = kinds(render(CHART / "ci" / "no-rbac-values.yaml", "--skip-tests"))
+    assert not {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"} & set(by_kind)
+    assert "ServiceAccount" not in by_kind
+    pod = by_kind["Deployment"][0]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "platform-shoal"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_monitoring_values_add_monitors_and_a_valid_dashboard() -> None:
+    by_kind = kinds(render(CHART / "ci" / "monitoring-values.yaml"))
+    assert by_kind["ServiceMonitor"][0]["metadata"]["labels"]["release"] == "prometheus"
+    assert by_kind["PodMonitor"]
+    dashboards = [c for c in by_kind["ConfigMap"] if "shoal.json" in c.get("data", {})]
+    dashboard = json.loads(dashboards[0]["data"]["shoal.json"])
+    titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
+    for needed in (
+        "kv cache",
+        "waiting",
+        "running",
+        "hit rate",
+        "decision",
+        "first token",
+        "end-to-end",
+        "retries",
+        "breaker",
+    ):
+        assert needed in titles, needed
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("operator.logLevel=LOUD", "logLevel"),
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("operator.replicas=2", "replicas"),
+        ("operator.livenessPort=99999", "livenessPort"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_value(setting: str, named: str) -> None:
+    result = helm("template", "shoal", str(CHART), "--set", setting, check=False)
+    assert result.returncode != 0
+    assert named in result.stderr, result.stderr
+
+
+def test_glob_namespaces_need_cluster_rbac() -> None:
+    result = helm(
+        "template", "shoal", str(CHART), "--set", "operator.watchNamespaces={team-*}", check=False
+    )
+    assert result.returncode != 0 and "glob" in result.stderr
+
+
+def test_chart_crds_are_the_generated_ones() -> None:
+    top = sorted((REPO / "crds").glob("*.yaml"))
+    assert top and [p.name for p in top] == sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+    for path in top:
+        assert path.read_text() == (CHART / "crds" / path.name).read_text()
