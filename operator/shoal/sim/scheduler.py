@@ -68,6 +68,7 @@ class StepPlan:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
     prompt_tokens: int = 0  # tokens prefilled or recomputed this step
     decode_seqs: int = 0
+    decode_context_tokens: int = 0  # the context the decoding sequences attend to
     preempted: list[Sequence] = field(default_factory=list)
     # Prefix-cache lookups of first admissions (preempted ones are not
     # counted, as in vLLM's PrefixCacheStats), in tokens.
@@ -91,9 +92,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class Scheduler:
-    def __init__(
-        self, *, pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int
-    ) -> None:
+    def __init__(self, *, pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         self.pool = pool
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -112,7 +111,7 @@ class Scheduler:
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
             self._release(seq)
-        elif seq.status is Status.WAITING:
+        elif seq.status is Status.WAITING and seq in self.waiting:  # else not queued yet
             self.waiting.remove(seq)
         seq.status = Status.FINISHED
         seq.finish_reason = seq.finish_reason or "abort"
@@ -178,6 +177,7 @@ class Scheduler:
             plan.scheduled.append((seq, n))
             if n == 1 and seq.num_output > 0 and seq.num_computed == seq.num_tokens - 1:
                 plan.decode_seqs += 1
+                plan.decode_context_tokens += seq.num_computed
             else:
                 plan.prompt_tokens += n
         return plan

@@ -19,10 +19,7 @@ _PIECE = re.compile(r" ?[A-Za-z0-9]+| ?[^\sA-Za-z0-9]|\s+")
 _MAX_PIECE_CHARS = 5
 # Ids below this are reserved for special tokens (BOS, EOS, padding, ...).
 _FIRST_WORD_ID = 16
-_SYLLABLES = (
-    "ba be bi bo bu da de di do du ka ke ki ko ku la le li lo lu ma me mi mo mu "
-    "na ne ni no nu ra re ri ro ru sa se si so su ta te ti to tu va ve vi vo vu"
-).split()
+_SYLLABLES = [c + v for c in "bdklmnrstv" for v in "aeiou"]
 _SYLLABLE_INDEX = {s: i for i, s in enumerate(_SYLLABLES)}
 _SYLLABLE = "(" + "|".join(_SYLLABLES) + ")"
 _SYLLABLE_PIECE = re.compile(f" {_SYLLABLE}{_SYLLABLE}?")

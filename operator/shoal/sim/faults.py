@@ -1,0 +1,50 @@
+"""Fault injection: what a broken engine looks like from outside.
+
+Set at start by `--sim-*` flags and, when `--sim-fault-api` is given, changed
+at run time by `POST /_sim/fault` with a JSON object of the fields below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+METRICS_MODES = ("ok", "error", "garbage", "hang")
+
+
+@dataclass
+class Faults:
+    # The engine stops stepping (a stuck kernel, a deadlock): requests hang,
+    # /health still answers 200, as real vLLM's does.
+    hang: bool = False
+    # Fraction of generation requests answered 500 at once.
+    error_rate: float = 0.0
+    # Every step takes this many times longer.
+    slowness: float = 1.0
+    # /metrics: "ok", "error" (500), "garbage" (not Prometheus text) or
+    # "hang" (never answers).
+    metrics: str = "ok"
+
+    def update(self, changes: dict[str, Any]) -> None:
+        """Apply a /_sim/fault body; ValueError names the first bad field."""
+        known = {f.name for f in fields(self)}
+        for key in changes:
+            if key not in known:
+                raise ValueError(f"unknown fault {key!r}; known: {sorted(known)}")
+        merged = Faults(**{**asdict(self), **changes})
+        merged.validate()
+        for key in changes:
+            setattr(self, key, getattr(merged, key))
+
+    def validate(self) -> None:
+        if not isinstance(self.hang, bool):
+            raise ValueError("hang must be true or false")
+        if not isinstance(self.error_rate, int | float) or not 0 <= self.error_rate <= 1:
+            raise ValueError("error_rate must be a number from 0 to 1")
+        if not isinstance(self.slowness, int | float) or self.slowness <= 0:
+            raise ValueError("slowness must be a number above 0")
+        if self.metrics not in METRICS_MODES:
+            raise ValueError(f"metrics must be one of {', '.join(METRICS_MODES)}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

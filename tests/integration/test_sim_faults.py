@@ -1,0 +1,127 @@
+"""Faults look from outside as they do on a real vLLM server."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.sim_proc import free_ports, sim
+
+COMPLETION = {"model": "tiny", "prompt": "hello there", "max_tokens": 50}
+
+
+def refused(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_connections_are_refused_while_the_model_loads(tmp_path: Path) -> None:
+    port = free_ports(1)[0]
+    with sim(tmp_path, "--sim-startup-seconds", "1.5", port=port, wait=False) as (process, url):
+        time.sleep(0.5)  # the process is up, the "model" still loading
+        assert process.proc.poll() is None
+        assert refused(port)
+        process.wait_healthy(url)
+        assert not refused(port)
+
+
+def test_a_hung_engine_answers_health_but_not_completions(tmp_path: Path) -> None:
+    with sim(tmp_path, "--sim-fault-api") as (_, url):
+        assert httpx.post(f"{url}/_sim/fault", json={"hang": True}).json()["hang"] is True
+        assert httpx.get(f"{url}/health").status_code == 200
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/completions", json=COMPLETION, timeout=1.0)
+        assert httpx.get(f"{url}/metrics").status_code == 200
+        running = [
+            line
+            for line in httpx.get(f"{url}/metrics").text.splitlines()
+            if line.startswith("vllm:num_requests_running")
+        ]
+        assert running == ['vllm:num_requests_running{engine="0",model_name="tiny"} 0.0']
+        httpx.post(f"{url}/_sim/fault", json={"hang": False})
+        response = httpx.post(f"{url}/v1/completions", json=COMPLETION, timeout=10)
+        assert response.json()["usage"]["completion_tokens"] == 50
+
+
+def test_hang_by_flag(tmp_path: Path) -> None:
+    with sim(tmp_path, "--sim-hang-after", "0") as (_, url):
+        assert httpx.get(f"{url}/health").status_code == 200
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/completions", json=COMPLETION, timeout=1.0)
+
+
+def test_a_crash_turns_health_503_then_the_process_exits(tmp_path: Path) -> None:
+    port = free_ports(1)[0]
+    args = ("--sim-fault-api", "--sim-crash-exit-seconds", "1")
+    with sim(tmp_path, *args, port=port) as (process, url):
+        httpx.post(f"{url}/_sim/fault", json={"crash": True})
+        assert httpx.get(f"{url}/health").status_code == 503
+        response = httpx.post(f"{url}/v1/completions", json=COMPLETION)
+        assert response.status_code == 500
+        assert process.proc.wait(10) == 1
+        assert refused(port)
+
+
+def test_crash_by_flag_exits(tmp_path: Path) -> None:
+    port = free_ports(1)[0]
+    args = ("--sim-crash-after", "0.5", "--sim-crash-exit-seconds", "0.2")
+    with sim(tmp_path, *args, port=port) as (process, _):
+        assert process.proc.wait(10) == 1
+
+
+def test_error_rate_answers_500_with_an_error_body(tmp_path: Path) -> None:
+    with sim(tmp_path, "--sim-error-rate", "1") as (_, url):
+        response = httpx.post(f"{url}/v1/completions", json=COMPLETION)
+        assert response.status_code == 500
+        assert response.json()["error"]["code"] == 500
+        assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_slowness_stretches_steps(tmp_path: Path) -> None:
+    with sim(tmp_path, "--sim-fault-api") as (_, url):
+
+        def timed() -> float:
+            started = time.perf_counter()
+            httpx.post(f"{url}/v1/completions", json=COMPLETION, timeout=30)
+            return time.perf_counter() - started
+
+        fast = timed()
+        httpx.post(f"{url}/_sim/fault", json={"slowness": 20})
+        assert timed() > 5 * fast
+
+
+@pytest.mark.parametrize(("mode", "status"), [("error", 500), ("garbage", 200)])
+def test_broken_metrics(tmp_path: Path, mode: str, status: int) -> None:
+    with sim(tmp_path, "--sim-broken-metrics", mode) as (_, url):
+        response = httpx.get(f"{url}/metrics")
+        assert response.status_code == status
+        assert "vllm:" not in response.text
+
+
+def test_fault_api_is_off_unless_enabled(tmp_path: Path) -> None:
+    with sim(tmp_path) as (_, url):
+        assert httpx.post(f"{url}/_sim/fault", json={"hang": True}).status_code == 404
+
+
+def test_sigterm_stops_promptly_even_with_requests_hung(tmp_path: Path) -> None:
+    import threading
+
+    with sim(tmp_path, "--sim-hang-after", "0") as (process, url):
+
+        def hung_request() -> None:
+            with contextlib.suppress(httpx.TransportError):
+                httpx.post(f"{url}/v1/completions", json=COMPLETION, timeout=30)
+
+        client = threading.Thread(target=hung_request, daemon=True)
+        client.start()
+        time.sleep(0.3)
+        started = time.monotonic()
+        process.proc.terminate()
+        assert process.proc.wait(10) == 0
+        assert time.monotonic() - started < 5

@@ -1,0 +1,172 @@
+"""The engine loop in an event loop, without sockets: outputs, KV and faults."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import pytest
+
+from shoal.sim.config import EngineConfig
+from shoal.sim.engine import Engine, EngineDeadError, RequestStream
+from shoal.sim.faults import Faults
+from shoal.sim.profiles import PROFILES
+from tests.sim_fixtures import parse_exposition, value
+
+T = TypeVar("T")
+
+# The fixtures' engine: tiny model, 64 blocks of 128, 8 sequences; 200x time.
+TINY = EngineConfig(
+    model="/models/tiny",
+    served_model_names=("tiny",),
+    profile=PROFILES["tiny-cpu"],
+    max_model_len=2048,
+    max_num_seqs=8,
+    kv_cache_memory_bytes=8 * 1024 * 1024,
+    time_scale=200.0,
+)
+
+
+def run(body: Callable[[Engine], Awaitable[T]], config: EngineConfig = TINY) -> T:
+    async def main() -> T:
+        engine = Engine(dataclasses.replace(config, faults=Faults()))
+        engine.start()
+        try:
+            return await asyncio.wait_for(body(engine), 30)
+        finally:
+            await engine.stop()
+
+    return asyncio.run(main())
+
+
+def counter(engine: Engine, name: str) -> float:
+    return value(parse_exposition(engine.metrics.exposition().decode())[1], name)
+
+
+async def finish(stream: RequestStream) -> list[int]:
+    async for _ in stream.deltas():
+        pass
+    return stream.seq.output_ids
+
+
+def submit(
+    engine: Engine, prompt: list[int], max_tokens: int, seed: int | None = None
+) -> RequestStream:
+    return engine.submit(prompt_ids=prompt, max_tokens=max_tokens, seed=seed, ignore_eos=True)
+
+
+def test_kv_config_follows_vllms_flags() -> None:
+    assert TINY.resolved_num_gpu_blocks == 64  # 8 MiB / (1 KiB per token x 128)
+    assert TINY.cache_info().labels()["kv_cache_size_tokens"] == "8192"
+
+
+def test_output_depends_on_seed_and_prompt_only() -> None:
+    async def body(engine: Engine) -> tuple[list[int], list[int], list[int]]:
+        a = submit(engine, list(range(20, 120)), 16, seed=7)
+        b = submit(engine, list(range(20, 120)), 16, seed=7)
+        c = submit(engine, list(range(20, 120)), 16, seed=8)
+        return await finish(a), await finish(b), await finish(c)
+
+    a, b, c = run(body)
+    assert a == b != c
+    assert len(a) == 16
+
+
+def test_resent_prompt_hits_whole_blocks_and_kv_usage_returns_to_zero() -> None:
+    async def body(engine: Engine) -> tuple[float, float, float]:
+        prompt = list(range(3, 603))
+        await finish(submit(engine, prompt, 4))
+        after_first = counter(engine, "vllm:prefix_cache_hits_total")
+        usage_idle = engine.pool.usage()
+        await finish(submit(engine, prompt, 4))
+        return after_first, usage_idle, counter(engine, "vllm:prefix_cache_hits_total")
+
+    first, usage_idle, second = run(body)
+    assert (first, usage_idle, second) == (0.0, 0.0, 512.0)
+
+
+def test_overload_queues_fills_kv_and_preempts() -> None:
+    """The fixtures' load: 24 requests of 900 prompt / 400 output tokens
+    against 8 sequence slots and 64 blocks (metrics.loaded.txt)."""
+
+    async def body(engine: Engine) -> tuple[int, float, int, float]:
+        streams = [submit(engine, list(range(30 + i, 930 + i)), 400) for i in range(24)]
+        max_waiting, max_usage = 0, 0.0
+        while any(s.seq.finish_reason is None for s in streams):
+            max_waiting = max(max_waiting, len(engine.scheduler.waiting))
+            max_usage = max(max_usage, engine.pool.usage())
+            await asyncio.sleep(0.001)
+        preemptions = int(counter(engine, "vllm:num_preemptions_total"))
+        return max_waiting, max_usage, preemptions, engine.pool.usage()
+
+    max_waiting, max_usage, preemptions, usage_after = run(body)
+    assert max_waiting >= 16
+    assert max_usage > 0.95
+    assert preemptions > 0
+    assert usage_after == 0.0
+
+
+def test_hang_stops_progress_and_resuming_finishes_the_request() -> None:
+    async def body(engine: Engine) -> tuple[int, int, int]:
+        stream = submit(engine, list(range(20, 40)), 2000 - 20)
+        await asyncio.sleep(0.05)
+        engine.set_hang(True)
+        await asyncio.sleep(0.02)
+        frozen = stream.seq.num_output
+        await asyncio.sleep(0.1)
+        still = stream.seq.num_output
+        engine.set_hang(False)
+        await finish(stream)
+        return frozen, still, stream.seq.num_output
+
+    frozen, still, done = run(body)
+    assert frozen == still > 0
+    assert done == 1980
+
+
+def test_a_dead_engine_fails_its_requests() -> None:
+    async def body(engine: Engine) -> None:
+        stream = submit(engine, list(range(20, 40)), 1000)
+        await asyncio.sleep(0.01)
+        engine.die()
+        with pytest.raises(EngineDeadError):
+            await finish(stream)
+        with pytest.raises(EngineDeadError):
+            submit(engine, [20, 21], 2)
+
+    run(body)
+
+
+def test_step_time_follows_the_profile_and_time_scale() -> None:
+    """500 decode steps of one sequence at 20x: the h100 model says 6.08 ms
+    each (6 + 0.08), so ~3 s simulated in ~150 ms real. (At much higher scales
+    a step's ~40 us of Python work outlasts the step and time stretches.)"""
+    config = dataclasses.replace(
+        TINY, profile=PROFILES["h100-llama3-8b"], kv_cache_memory_bytes=None, time_scale=20.0
+    )
+
+    async def body(engine: Engine) -> float:
+        stream = submit(engine, [20, 21, 22], 501)
+        await finish(stream)
+        seq = stream.seq
+        assert seq.first_token is not None and seq.last_token is not None
+        return (seq.last_token - seq.first_token) / 500
+
+    per_step = run(body, config)
+    assert per_step == pytest.approx(0.00608, rel=0.15)
+
+
+def test_a_slow_reader_still_gets_every_token_and_the_finish() -> None:
+    """The engine may finish while the reader is busy with the previous delta."""
+
+    async def body(engine: Engine) -> tuple[int, str | None]:
+        stream = submit(engine, list(range(20, 40)), 50)
+        received = 0
+        async for tokens in stream.deltas():
+            received += len(tokens)
+            await asyncio.sleep(0.003)  # a slow client: several steps pass
+        return received, stream.seq.finish_reason
+
+    assert run(body) == (50, "length")
