@@ -2,45 +2,52 @@
 
 Each subcommand lives beside the part it runs and registers itself through an
 `add_parser(subparsers)` function that sets `func` (args -> exit code). A
-subcommand is listed here only once it works.
+subcommand is listed here only once it works. Only the module of the
+subcommand being run is imported: the simulator and the router start many
+times in tests and pods, and the operator's and benchmarks' imports (kopf,
+matplotlib) would double their start-up time.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 
 from shoal import __version__
-from shoal.api.cli import add_parser as add_crd_parser
-from shoal.planner.cli import add_parser as add_plan_parser
-from shoal.router.cli import add_parser as add_router_parser
-from shoal.sim.cli import add_parser as add_sim_parser
 
-Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+# Subcommand -> module with its add_parser, in the order `shoal --help` lists them.
+COMMANDS: dict[str, str] = {
+    "demo": "shoal.demo.cli",
+    "operator": "shoal.controller.cli",
+    "router": "shoal.router.cli",
+    "sim": "shoal.sim.cli",
+    "warmup": "shoal.warmup.cli",
+    "probe": "shoal.health.cli",
+    "plan": "shoal.planner.cli",
+    "crd": "shoal.api.cli",
+    "bench": "shoal.bench.cli",
+    "check": "shoal.check",
+}
 
-# Subcommand registrations, in the order `shoal --help` lists them.
-COMMANDS: tuple[Register, ...] = (
-    add_router_parser,
-    add_sim_parser,
-    add_plan_parser,
-    add_crd_parser,
-)
 
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `only`, just that subcommand's module is imported."""
     parser = argparse.ArgumentParser(
         prog="shoal", description="Run vLLM as data-parallel fleets on Kubernetes."
     )
     parser.add_argument("--version", action="version", version=f"shoal {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for register in COMMANDS:
-        register(subparsers)
+    for name, module in COMMANDS.items():
+        if only is None or name == only:
+            importlib.import_module(module).add_parser(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:
