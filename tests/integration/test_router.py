@@ -152,7 +152,10 @@ def test_two_routers_agree_without_shared_state(tmp_path: Path, policy: str) -> 
 
 
 def test_hung_and_crashed_replicas_cost_no_unstarted_request(tmp_path: Path) -> None:
-    config = {"timeouts": {"firstByteSeconds": 1.0}, "maxRetries": 3}
+    # Metrics stay "fresh" for a minute, so the router keeps believing the
+    # crashed replica idle and tries it: the retry path, not staleness, saves
+    # the request.
+    config = {"timeouts": {"firstByteSeconds": 1.0}, "maxRetries": 3, "staleAfterSeconds": 60}
     with sims(3, tmp_path) as urls, router(urls, tmp_path, config=config) as front:
         set_fault(urls[0], hang=True)  # /health still 200, requests never answered
         urls.kill(1)

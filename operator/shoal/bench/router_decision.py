@@ -19,7 +19,7 @@ import time
 from shoal.router.config import Policy, RouterConfig
 from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.policy import Chooser, RequestFacts
-from shoal.router.prefix import block_hashes
+from shoal.router.prefix import prefix_key
 from shoal.router.signals import EngineSignals
 
 
@@ -52,24 +52,24 @@ def decision_times(
     chooser = Chooser(config, rng=rng)
     ids = list(fleet.replicas)
     for _ in range(2000):  # warm the prefix index
-        blocks = block_hashes(
+        key = prefix_key(
             _prompt(rng, shared, prompt_chars),
             block_chars=config.block_chars,
             max_blocks=config.max_prefix_blocks,
         )
-        fleet.index.record(rng.choice(ids), blocks)
+        fleet.index.record(rng.choice(ids), key.hashes)
     samples = []
     prompts = [_prompt(rng, shared, prompt_chars) for _ in range(requests)]
     for prompt in prompts:
         started = time.perf_counter()
-        blocks = block_hashes(
+        key = prefix_key(
             prompt, block_chars=config.block_chars, max_blocks=config.max_prefix_blocks
         )
-        facts = RequestFacts(affinity_key=blocks[0] if blocks else 0)
-        choice = chooser.choose(fleet.candidates(blocks=blocks), facts)
+        facts = RequestFacts(affinity_key=key.hashes[0] if key.hashes else 0)
+        choice = chooser.choose(fleet.candidates(key=key), facts)
         samples.append(time.perf_counter() - started)
         assert choice is not None
-        fleet.index.record(choice.replica, blocks)
+        fleet.index.record(choice.replica, key.hashes)
     return samples
 
 
@@ -82,20 +82,27 @@ def index_memory(*, prefixes: int, replicas: int, blocks_per_prompt: int) -> dic
         for i in range(replicas)
     )
     ids = list(fleet.replicas)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = _rss_mib()
     rng = random.Random(1)
     for n in range(prefixes):
         # Distinct prompts: every block hash is new (the worst case for memory).
         base = rng.getrandbits(60) << 4
         fleet.index.record(ids[n % replicas], [base + k for k in range(blocks_per_prompt)])
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after = _rss_mib()
     return {
         "prefixes": prefixes,
         "index_blocks": len(fleet.index),
         "bound_blocks": replicas * config.index_blocks_per_replica,
-        "rss_growth_mib": round((after - before) / 1024, 1),
-        "rss_max_mib": round(after / 1024, 1),
+        "rss_growth_mib": round(after - before, 1),
+        "rss_mib": round(after, 1),
     }
+
+
+def _rss_mib() -> float:
+    """Resident set size now (not the peak, which earlier phases set)."""
+    with open("/proc/self/statm") as statm:
+        pages = int(statm.read().split()[1])
+    return pages * resource.getpagesize() / 2**20
 
 
 def _percentile(samples: list[float], q: float) -> float:
@@ -110,7 +117,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--prefixes", type=int, default=1_000_000)
     args = parser.parse_args()
-    results = {}
+    # Memory first, in a fresh heap: 1M distinct prompts of 8 checkpoints each.
+    memory = index_memory(prefixes=args.prefixes, replicas=args.replicas, blocks_per_prompt=8)
+    results: dict[str, object] = {}
     for policy in (Policy.CACHE_AWARE, Policy.SESSION, Policy.ROUND_ROBIN):
         samples = decision_times(
             replicas=args.replicas,
@@ -123,15 +132,13 @@ def main() -> None:
             "p99_us": round(_percentile(samples, 0.99) * 1e6, 1),
             "max_us": round(max(samples) * 1e6, 1),
         }
-    results["memory"] = index_memory(
-        prefixes=args.prefixes, replicas=args.replicas, blocks_per_prompt=4
-    )
-    print(
-        json.dumps(
-            {"replicas": args.replicas, "prompt_chars": args.prompt_chars, "decision": results},
-            indent=2,
-        )
-    )
+    report = {
+        "replicas": args.replicas,
+        "prompt_chars": args.prompt_chars,
+        "decision": results,
+        "memory": memory,
+    }
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ class Router:
     async def _after_scrape(self) -> None:
         now = time.monotonic()
         self.fleet.sweep(now)
-        views = {c.replica: c for c in self.fleet.candidates(blocks=[])}
+        views = {c.replica: c for c in self.fleet.candidates(key=None)}
         for replica in self.fleet.replicas.values():
             name = replica.endpoint.name
             view = views.get(replica.id)

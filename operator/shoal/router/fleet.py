@@ -21,6 +21,7 @@ from shoal.router.breaker import CircuitBreaker
 from shoal.router.config import RouterConfig
 from shoal.router.index import PrefixIndex
 from shoal.router.policy import Candidate
+from shoal.router.prefix import PrefixKey
 from shoal.router.signals import EngineSignals, Load, load_from_inflight, load_from_signals
 
 
@@ -146,16 +147,17 @@ class Fleet:
         )
 
     def candidates(
-        self, *, blocks: list[int], exclude: frozenset[str] = frozenset()
+        self, *, key: PrefixKey | None, exclude: frozenset[str] = frozenset()
     ) -> list[Candidate]:
         """The replicas a request may go to, with the share of its prefix
         blocks each is believed to hold."""
         views = self._views
         out = [c for r, c in views.items() if r not in exclude] if exclude else list(views.values())
-        depths = self.index.match(blocks) if blocks else None
+        depths = self.index.match(key.hashes) if key is not None and key.hashes else None
         if depths:
-            count = len(blocks)
+            assert key is not None
             out = [
-                c._replace(hit=depths[c.replica] / count) if c.replica in depths else c for c in out
+                c._replace(hit=key.held_share(depths[c.replica])) if c.replica in depths else c
+                for c in out
             ]
         return out

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shoal.router.prefix import CHECKPOINTS, PrefixKey
+
+_CHECKPOINT_INDEX = {block: i for i, block in enumerate(CHECKPOINTS)}
+
 
 @dataclass
 class _Entry:
@@ -22,11 +26,12 @@ class HotPrefixes:
         self.block_chars = block_chars
         self._entries: dict[int, _Entry] = {}
 
-    def observe(self, text: str, blocks: list[int]) -> None:
-        """Count the prompt's prefixes of 1, 2, 4, ... blocks (up to max_chars)."""
+    def observe(self, text: str, key: PrefixKey) -> None:
+        """Count the prompt's prefixes of 1, 2, 4, ... blocks (up to max_chars).
+        Blocks 2^k - 1 are always checkpoints, so their hashes are at hand."""
         depth = 1
-        while depth <= len(blocks) and depth * self.block_chars <= self.max_chars:
-            self._count(blocks[depth - 1], text[: depth * self.block_chars])
+        while depth <= key.blocks and depth * self.block_chars <= self.max_chars:
+            self._count(key.hashes[_CHECKPOINT_INDEX[depth - 1]], text[: depth * self.block_chars])
             depth *= 2
 
     def _count(self, key: int, prefix: str) -> None:

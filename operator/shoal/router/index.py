@@ -56,7 +56,9 @@ class PrefixIndex:
         bit = 1 << slot
         lru = self._lru[replica]
         owners = self._owners
-        for block in blocks:
+        # Tail first, head last: the head ends most recently used, so the LRU
+        # evicts a prompt's tail before its prefix, as vLLM's free queue does.
+        for block in reversed(blocks):
             if block in lru:
                 lru.move_to_end(block)
             else:
@@ -71,8 +73,8 @@ class PrefixIndex:
                 del owners[old]
 
     def match(self, blocks: Sequence[int]) -> dict[str, int]:
-        """Leading blocks of the prompt each replica holds (replicas holding
-        none are left out)."""
+        """Leading blocks (checkpoints) of the prompt each replica holds
+        (replicas holding none are left out)."""
         depth: dict[str, int] = {}
         alive = -1
         owners = self._owners

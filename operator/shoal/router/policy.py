@@ -72,8 +72,8 @@ class Chooser:
             return None
         policy = self.config.policy
         if policy is Policy.ROUND_ROBIN:
-            ordered = sorted(eligible, key=lambda c: c.replica)
-            pick = ordered[self._next % len(ordered)]
+            # Candidates come in the fleet's stable order: no need to sort.
+            pick = eligible[self._next % len(eligible)]
             self._next += 1
             return Choice(pick.replica, pick.hit, "round-robin")
         if policy is Policy.RANDOM:

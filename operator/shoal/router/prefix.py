@@ -8,6 +8,7 @@ as vLLM chains its block hashes. Equal hashes therefore mean equal prefixes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import xxhash
@@ -43,22 +44,61 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def block_hashes(text: str, *, block_chars: int, max_blocks: int) -> list[int]:
+@dataclass(frozen=True)
+class PrefixKey:
+    """A prompt's prefix as the router tracks it: chained hashes at the
+    checkpoint blocks (see `checkpoints`) and how many whole blocks it has."""
+
+    hashes: list[int]
+    blocks: int
+
+    def held_share(self, checkpoints_held: int) -> float:
+        """Share of the prompt's blocks covered by its first `checkpoints_held`
+        checkpoints."""
+        if not checkpoints_held or not self.blocks:
+            return 0.0
+        return min(CHECKPOINTS[checkpoints_held - 1] + 1, self.blocks) / self.blocks
+
+
+def checkpoints(max_blocks: int) -> list[int]:
+    """Block indices whose chained hash is kept: every block of the first 16,
+    then 8 per doubling (every 2nd up to 32, every 4th up to 64, ...). A
+    prefix match is then known to within 1/8 of its length while a prompt of
+    256 blocks costs 48 hashes and index lookups instead of 256; this is what
+    keeps the decision within its budget. The positions are absolute, so every
+    prompt sharing a prefix shares its checkpoint hashes."""
+    positions = []
+    for block in range(max_blocks):
+        if block < 16:
+            positions.append(block)
+            continue
+        step = 1 << (block.bit_length() - 4)  # 2 for 16..31, 4 for 32..63, ...
+        if (block + 1) % step == 0:
+            positions.append(block)
+    return positions
+
+
+CHECKPOINTS = checkpoints(1 << 16)
+
+
+def prefix_key(text: str, *, block_chars: int, max_blocks: int) -> PrefixKey:
     """Chained hashes of the prompt's whole blocks (a partial last block is not
-    cacheable, as in vLLM)."""
+    cacheable, as in vLLM), kept at the checkpoint blocks."""
+    count = min(len(text) // block_chars, max_blocks)
+    data = text.encode("utf-8", "surrogatepass")
+    ascii_only = len(data) == len(text)  # then byte offsets are character offsets
     hasher = xxhash.xxh3_64()
     hashes = []
-    data = text.encode("utf-8", "surrogatepass")
-    # Cut on characters, hash bytes: multi-byte text still gets stable blocks.
-    count = min(len(text) // block_chars, max_blocks)
-    if len(data) == len(text):  # ASCII: byte offsets are character offsets
-        for i in range(count):
-            hasher.update(data[i * block_chars : (i + 1) * block_chars])
-            hashes.append(hasher.intdigest())
-        return hashes
-    for i in range(count):
-        hasher.update(
-            text[i * block_chars : (i + 1) * block_chars].encode("utf-8", "surrogatepass")
-        )
+    done = 0
+    for block in CHECKPOINTS:
+        if block >= count:
+            break
+        end = (block + 1) * block_chars
+        # One update per run of blocks: only the checkpoints need a digest.
+        if ascii_only:
+            hasher.update(data[done * block_chars : end])
+        else:
+            hasher.update(text[done * block_chars : end].encode("utf-8", "surrogatepass"))
         hashes.append(hasher.intdigest())
-    return hashes
+        done = block + 1
+    return PrefixKey(hashes=hashes, blocks=count)

@@ -24,7 +24,7 @@ from shoal.router.fleet import Fleet, Replica
 from shoal.router.hot import HotPrefixes
 from shoal.router.metrics import RouterMetrics
 from shoal.router.policy import Choice, Chooser, RequestFacts
-from shoal.router.prefix import block_hashes, render_prompt
+from shoal.router.prefix import PrefixKey, prefix_key, render_prompt
 
 log = logging.getLogger("shoal.router")
 
@@ -128,16 +128,16 @@ class Proxy:
 
         prompt = render_prompt(body)
         decision_start = time.perf_counter()
-        blocks = block_hashes(
+        key = prefix_key(
             prompt, block_chars=self.config.block_chars, max_blocks=self.config.max_prefix_blocks
         )
         facts = RequestFacts(
-            affinity_key=blocks[0] if blocks else hash_text(prompt),
+            affinity_key=key.hashes[0] if key.hashes else hash_text(prompt),
             session_key=_session_key(request, body),
         )
         decision_seconds = time.perf_counter() - decision_start
         if self.hot is not None:
-            self.hot.observe(prompt, blocks)
+            self.hot.observe(prompt, key)
 
         stream = bool(body.get("stream"))
         tried: set[str] = set()
@@ -145,7 +145,7 @@ class Proxy:
         last_failure = "no replica available"
         for attempt in range(attempts):
             t0 = time.perf_counter()
-            candidates = self.fleet.candidates(blocks=blocks, exclude=frozenset(tried))
+            candidates = self.fleet.candidates(key=key, exclude=frozenset(tried))
             choice = self.chooser.choose(candidates, facts)
             decision_seconds += time.perf_counter() - t0
             if choice is None and not candidates:
@@ -153,7 +153,7 @@ class Proxy:
                 # tried already): queueing would only delay the answer.
                 break
             if choice is None:
-                waited = await self._wait_for_capacity(blocks, facts, tried)
+                waited = await self._wait_for_capacity(key, facts, tried)
                 if isinstance(waited, web.Response):
                     return waited
                 choice = waited
@@ -164,7 +164,7 @@ class Proxy:
             if replica is None:
                 continue
             tried.add(replica.id)
-            self.fleet.index.record(replica.id, blocks)
+            self.fleet.index.record(replica.id, key.hashes)
             try:
                 response = await self._forward(request, replica, raw, stream=stream)
             except UpstreamFailed as failure:
@@ -181,7 +181,7 @@ class Proxy:
         )
 
     async def _wait_for_capacity(
-        self, blocks: list[int], facts: RequestFacts, tried: set[str]
+        self, key: PrefixKey, facts: RequestFacts, tried: set[str]
     ) -> Choice | web.Response:
         """Every replica is saturated: wait in the bounded admission queue."""
         queue = self.config.queue
@@ -210,7 +210,7 @@ class Proxy:
                         await asyncio.wait_for(
                             self.capacity_changed.wait(), timeout=min(remaining, 0.5)
                         )
-                candidates = self.fleet.candidates(blocks=blocks, exclude=frozenset(tried))
+                candidates = self.fleet.candidates(key=key, exclude=frozenset(tried))
                 choice = self.chooser.choose(candidates, facts)
                 if choice is not None:
                     return choice
