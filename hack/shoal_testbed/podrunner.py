@@ -18,6 +18,7 @@ import importlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -29,7 +30,7 @@ from typing import Any
 
 from kubernetes import client, config, watch
 
-from shoal_testbed import procs
+from shoal_testbed import podfs, procs
 from shoal_testbed.podspec import Pod
 from shoal_testbed.rules import Launch, Rule
 
@@ -138,21 +139,43 @@ class PodRunner:
         meta = pod["metadata"]
         return self.log_dir / f"{meta.get('namespace', '')}_{meta['name']}_{meta['uid'][:8]}.log"
 
+    def _pod_root(self, pod: Pod) -> Path:
+        """Where the pod's ServiceAccount kubeconfig and volumes are written."""
+        meta = pod["metadata"]
+        return (
+            self.log_dir.parent
+            / "podfs"
+            / f"{meta.get('namespace', '')}_{meta['name']}_{meta['uid'][:8]}"
+        )
+
     def _start(self, uid: str, entry: Running) -> None:
-        pod = entry.pod
-        env = {
-            **os.environ,
-            **entry.launch.env,
-            "SHOAL_POD_IP": pod["status"]["podIP"],
-            "SHOAL_POD_NAME": pod["metadata"]["name"],
-            "SHOAL_POD_NAMESPACE": pod["metadata"].get("namespace", ""),
-            "SHOAL_POD_UID": uid,
-        }
+        pod, launch = entry.pod, entry.launch
+        argv: list[str] = launch.argv
+        extra: dict[str, str] = {}
+        dropped: tuple[str, ...] = ()
         try:
+            if launch.service_account is not None or launch.mounts:
+                argv, extra, dropped = podfs.prepare(
+                    self.api,
+                    pod,
+                    argv=launch.argv,
+                    service_account=launch.service_account,
+                    mounts=launch.mounts,
+                    root=self._pod_root(pod),
+                )
+            env = {
+                **{k: v for k, v in os.environ.items() if k not in dropped},
+                **launch.env,
+                **extra,
+                "SHOAL_POD_IP": pod["status"]["podIP"],
+                "SHOAL_POD_NAME": pod["metadata"]["name"],
+                "SHOAL_POD_NAMESPACE": pod["metadata"].get("namespace", ""),
+                "SHOAL_POD_UID": uid,
+            }
             entry.process = procs.start(
-                entry.launch.argv, log_path=self._log_path(pod), env=env, die_with_parent=True
+                argv, log_path=self._log_path(pod), env=env, die_with_parent=True
             )
-        except OSError as error:
+        except (OSError, client.ApiException) as error:
             log.error("%s: cannot start %s: %s", pod_key(pod), entry.launch.argv, error)
             entry.process = None
             entry.restart_at = time.monotonic() + _BACKOFF_MAX_SECONDS
@@ -162,7 +185,7 @@ class PodRunner:
             pod_key(pod),
             uid[:8],
             entry.process.pid,
-            " ".join(entry.launch.argv),
+            " ".join(argv),
         )
 
     def _check_exit(self, uid: str, entry: Running) -> None:
@@ -230,6 +253,7 @@ class PodRunner:
 
     def _stop(self, uid: str, *, reason: str) -> None:
         entry = self.running.pop(uid)
+        shutil.rmtree(self._pod_root(entry.pod), ignore_errors=True)
         if entry.process is not None and entry.process.poll() is None:
             log.info(
                 "%s (uid %s): stopping pid %d: %s",

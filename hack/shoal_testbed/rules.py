@@ -2,7 +2,8 @@
 
 A rule maps a pod to a Launch, or to None when it does not apply; the pod runner
 uses the first rule that applies and leaves other pods alone (kwok still marks
-them Running). Later issues add rules for vLLM engine pods and shoal-image pods.
+them Running). Rules: pods annotated `testbed.shoal.dev/run`, vLLM engine pods (the
+simulator), and pods of the shoal image (routers, helm test pods).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from shoal_testbed.podfs import Mount, config_mounts
 from shoal_testbed.podspec import Pod, command_line, container, container_env
 
 RUN_ANNOTATION = "testbed.shoal.dev/run"
@@ -20,6 +22,10 @@ RUN_ANNOTATION = "testbed.shoal.dev/run"
 class Launch:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    # Run with a kubeconfig holding a token of this ServiceAccount (the pod's).
+    service_account: str | None = None
+    # ConfigMap and Secret volumes to write out, paths in argv moved to them.
+    mounts: tuple[Mount, ...] = ()
 
 
 Rule = Callable[[Pod], Launch | None]
@@ -69,4 +75,54 @@ def vllm_engine(pod: Pod) -> Launch | None:
     return None
 
 
-DEFAULT_RULES: Sequence[Rule] = (annotated_container, vllm_engine)
+def is_shoal_image(image: str) -> bool:
+    """`shoal`, `shoal:0.1.0`, `ghcr.io/org/shoal@sha256:...`: the repository is shoal."""
+    repository = image.split("@", 1)[0]
+    last = repository.rsplit("/", 1)[-1]
+    return last.split(":", 1)[0] == "shoal"
+
+
+def bind_to_pod_ip(args: list[str], pod_ip: str) -> list[str]:
+    """A real pod binds 0.0.0.0 inside its own network namespace; here every
+    pod shares the host's, so `--host` is moved to the pod's own IP."""
+    bound = []
+    expect_value = False
+    for arg in args:
+        if expect_value:
+            bound.append(pod_ip)
+            expect_value = False
+        elif arg == "--host":
+            bound.append(arg)
+            expect_value = True
+        elif arg.startswith("--host="):
+            bound.append(f"--host={pod_ip}")
+        else:
+            bound.append(arg)
+    return bound
+
+
+def shoal_pod(pod: Pod) -> Launch | None:
+    """A container of the shoal image runs `python -m shoal.cli <its args>`
+    (the image's entrypoint is `shoal`) as the pod's ServiceAccount, with its
+    ConfigMap and Secret volumes, listening on the pod IP."""
+    for spec in pod.get("spec", {}).get("containers", []):
+        if not is_shoal_image(str(spec.get("image", ""))):
+            continue
+        env = container_env(pod, spec)
+        command = command_line({"command": spec.get("command", [])}, env)
+        args = command_line({"args": spec.get("args", [])}, env)
+        if command[:1] == ["shoal"]:
+            args = command[1:] + args
+        elif command:
+            return None  # some other program in the image
+        pod_ip = str(pod.get("status", {}).get("podIP", ""))
+        return Launch(
+            argv=[sys.executable, "-m", "shoal.cli", *bind_to_pod_ip(args, pod_ip)],
+            env=env,
+            service_account=pod.get("spec", {}).get("serviceAccountName") or "default",
+            mounts=config_mounts(pod, spec),
+        )
+    return None
+
+
+DEFAULT_RULES: Sequence[Rule] = (annotated_container, vllm_engine, shoal_pod)

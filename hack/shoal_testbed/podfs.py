@@ -1,0 +1,157 @@
+"""What kubelet gives a container besides its process, for pods the pod runner
+plays: the pod's ServiceAccount credentials (as a kubeconfig holding a token
+from the TokenRequest API, bound to the pod, so RBAC applies for real) and
+ConfigMap and Secret volumes (as files under a per-pod directory, with paths
+in the command line moved there).
+
+`prepare` does the I/O; the rest is pure."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from shoal_testbed.podspec import Pod
+
+TOKEN_SECONDS = 24 * 3600
+# Variables that would make a client try in-cluster config (and some other
+# credentials) before KUBECONFIG.
+_IN_CLUSTER_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A ConfigMap or Secret volume mounted into the container."""
+
+    path: str  # mountPath in the container
+    kind: str  # configMap or secret
+    name: str  # the ConfigMap's or Secret's name
+    items: tuple[tuple[str, str], ...] = ()  # (key, path) when the volume lists items
+
+
+def config_mounts(pod: Pod, container: dict[str, Any]) -> tuple[Mount, ...]:
+    volumes = {v.get("name"): v for v in pod.get("spec", {}).get("volumes", [])}
+    mounts = []
+    for mount in container.get("volumeMounts", []):
+        volume = volumes.get(mount.get("name"), {})
+        for kind, name_key in (("configMap", "name"), ("secret", "secretName")):
+            source = volume.get(kind)
+            if source is None:
+                continue
+            items = tuple((i["key"], i["path"]) for i in source.get("items", []))
+            mounts.append(
+                Mount(path=mount["mountPath"], kind=kind, name=source[name_key], items=items)
+            )
+    return tuple(mounts)
+
+
+def relocate(argv: list[str], mounts: tuple[Mount, ...], root: Path) -> list[str]:
+    """Arguments naming a path under a mount (`/etc/x/f`, `--config=/etc/x/f`)
+    name the same file under root instead."""
+    moved = []
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        target = value if eq else arg
+        for mount in mounts:
+            base = mount.path.rstrip("/")
+            if target == base or target.startswith(base + "/"):
+                target = str(root) + target
+                break
+        moved.append(f"{flag}={target}" if eq else target)
+    return moved
+
+
+def service_account_kubeconfig(
+    *, server: str, ca_file: str | None, token: str, namespace: str
+) -> dict[str, Any]:
+    cluster: dict[str, Any] = {"server": server}
+    if ca_file:
+        cluster["certificate-authority"] = ca_file
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "testbed", "cluster": cluster}],
+        "users": [{"name": "pod", "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": "pod",
+                "context": {"cluster": "testbed", "user": "pod", "namespace": namespace},
+            }
+        ],
+        "current-context": "pod",
+    }
+
+
+def _files(api: client.CoreV1Api, namespace: str, mount: Mount) -> dict[str, bytes]:
+    if mount.kind == "configMap":
+        config_map = api.read_namespaced_config_map(mount.name, namespace)
+        data = {k: v.encode() for k, v in (config_map.data or {}).items()}
+    else:
+        secret = api.read_namespaced_secret(mount.name, namespace)
+        data = {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+    if mount.items:
+        return {path: data[key] for key, path in mount.items if key in data}
+    return data
+
+
+def _token(api: client.CoreV1Api, pod: Pod, service_account: str) -> str:
+    meta = pod["metadata"]
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(
+            audiences=[],
+            expiration_seconds=TOKEN_SECONDS,
+            bound_object_ref=client.V1BoundObjectReference(
+                api_version="v1", kind="Pod", name=meta["name"], uid=meta["uid"]
+            ),
+        )
+    )
+    response = api.create_namespaced_service_account_token(
+        service_account, meta["namespace"], request
+    )
+    if response.status is None:
+        raise client.ApiException(reason=f"no token for ServiceAccount {service_account}")
+    return str(response.status.token)
+
+
+def prepare(
+    api: client.CoreV1Api,
+    pod: Pod,
+    *,
+    argv: list[str],
+    service_account: str | None,
+    mounts: tuple[Mount, ...],
+    root: Path,
+) -> tuple[list[str], dict[str, str], tuple[str, ...]]:
+    """(argv, env to add, env names to drop) for a pod's process, after writing
+    its files under root."""
+    namespace = pod["metadata"]["namespace"]
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    for mount in mounts:
+        directory = root / mount.path.lstrip("/")
+        for relative, content in _files(api, namespace, mount).items():
+            path = directory / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+    env: dict[str, str] = {}
+    dropped: tuple[str, ...] = ()
+    if service_account is not None:
+        configuration = api.api_client.configuration
+        kubeconfig = service_account_kubeconfig(
+            server=configuration.host,
+            ca_file=configuration.ssl_ca_cert,
+            token=_token(api, pod, service_account),
+            namespace=namespace,
+        )
+        path = root / "kubeconfig"
+        path.write_text(yaml.safe_dump(kubeconfig))
+        path.chmod(0o600)
+        env["KUBECONFIG"] = str(path)
+        dropped = _IN_CLUSTER_ENV
+    return relocate(argv, mounts, root), env, dropped

@@ -1,0 +1,98 @@
+"""`shoal operator`: run the VLLMCluster operator (kopf) with shoal's settings."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+import kopf
+
+from shoal import __version__
+from shoal.controller.context import ControllerSettings, OperatorContext
+from shoal.controller.handlers import build_registry, build_settings, post_event
+from shoal.controller.kube import ApiError, KubeApi
+
+log = logging.getLogger("shoal.controller")
+
+DEFAULT_ROUTER_IMAGE = f"ghcr.io/shoal-dev/shoal:{__version__}"
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "operator",
+        help="run the operator that turns VLLMClusters into engines and a router",
+        description="Reconcile VLLMClusters: TP-group StatefulSets per replica, the router, "
+        "status. Runs kopf standalone unless kopf's peering resources are installed.",
+    )
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="watch this namespace (repeatable; globs like 'team-*'); default: all namespaces",
+    )
+    parser.add_argument(
+        "--router-image",
+        default=os.environ.get("SHOAL_ROUTER_IMAGE", DEFAULT_ROUTER_IMAGE),
+        help="image of the router pods (default: $SHOAL_ROUTER_IMAGE or %(default)s)",
+    )
+    parser.add_argument(
+        "--standalone",
+        action="store_true",
+        help="never use kopf peering, even when its resources are installed",
+    )
+    parser.add_argument(
+        "--liveness",
+        metavar="URL",
+        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
+    )
+    parser.add_argument("--log-level", default="INFO")
+    # Test hook: exit right after applying the object of this name.
+    parser.add_argument("--test-exit-after-apply", metavar="NAME", help=argparse.SUPPRESS)
+    parser.set_defaults(func=run)
+
+
+async def peering_installed(kube: KubeApi, *, clusterwide: bool) -> bool:
+    """Whether kopf's peering resources are served (kopf.dev/v1)."""
+    wanted = "clusterkopfpeerings" if clusterwide else "kopfpeerings"
+    try:
+        listing = await kube.request("GET", "/apis/kopf.dev/v1")
+    except ApiError as error:
+        if error.status != 404:
+            log.warning("cannot tell whether kopf peering is installed: %s", error)
+        return False
+    return any(resource.get("name") == wanted for resource in listing.get("resources", []))
+
+
+async def operate(args: argparse.Namespace) -> None:
+    settings = ControllerSettings(
+        router_image=args.router_image, exit_after_apply=args.test_exit_after_apply
+    )
+    ctx = OperatorContext(settings=settings, post_event=post_event)
+    namespaces = list(args.namespace)
+    clusterwide = not namespaces
+    standalone = args.standalone or not await peering_installed(ctx.kube, clusterwide=clusterwide)
+    log.info(
+        "shoal operator %s: %s, %s",
+        __version__,
+        "all namespaces" if clusterwide else f"namespaces {', '.join(namespaces)}",
+        "standalone" if standalone else "with kopf peering",
+    )
+    await kopf.operator(
+        registry=build_registry(),
+        settings=build_settings(standalone=standalone),
+        clusterwide=clusterwide,
+        namespaces=namespaces,
+        memo=kopf.Memo(shoal=ctx),
+        liveness_endpoint=args.liveness,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    asyncio.run(operate(args))
+    return 0

@@ -1,0 +1,83 @@
+"""What the operator keeps while it runs: one API client and one engine
+client for the process, the settings, the per-cluster wake-ups (child events
+wake the cluster's reconcile loop), and each cluster's small memory."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.controller.decide import Event, Memory
+from shoal.controller.engine_metrics import KVPool
+from shoal.controller.kube import KubeApi
+from shoal.controller.probes import EngineProbe
+
+ClusterKey = tuple[str, str]  # namespace, name
+PostEvent = Callable[[Any, Event], None]
+
+# The exit status of the test hook's deliberate crash.
+TEST_HOOK_EXIT_CODE = 86
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    router_image: str
+    # Test hook: exit abruptly right after applying the object of this name, so
+    # a test can restart the operator at a known point mid-reconcile.
+    exit_after_apply: str | None = None
+
+
+class Wakeups:
+    """One event per cluster, set by events of its children."""
+
+    def __init__(self) -> None:
+        self._events: dict[ClusterKey, asyncio.Event] = {}
+
+    def register(self, key: ClusterKey) -> asyncio.Event:
+        event = self._events[key] = asyncio.Event()
+        return event
+
+    def poke(self, key: ClusterKey) -> None:
+        event = self._events.get(key)
+        if event is not None:
+            event.set()
+
+    def forget(self, key: ClusterKey, event: asyncio.Event) -> None:
+        # Only its own: a cluster deleted and made again under the same name
+        # may already have registered a new one.
+        if self._events.get(key) is event:
+            del self._events[key]
+
+
+@dataclass
+class ClusterState:
+    """Per-cluster memory, kept in kopf's per-object memo."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    memory: Memory = field(default_factory=Memory)
+    kv_pools: dict[str, KVPool] = field(default_factory=dict)  # by leader pod uid
+    last_status: dict[str, Any] | None = None
+    static_applied: dict[str, str] = field(default_factory=dict)  # kind/name -> hash
+    static_checked_at: float | None = None  # monotonic
+    last_error: str | None = None  # the spec's errors, last reported
+    last_failure: str | None = None  # the last failed pass, last reported
+
+
+@dataclass
+class OperatorContext:
+    settings: ControllerSettings
+    post_event: PostEvent
+    kube: KubeApi = field(default_factory=KubeApi)
+    probe: EngineProbe = field(default_factory=EngineProbe)
+    wakeups: Wakeups = field(default_factory=Wakeups)
+
+    def after_apply(self, name: str) -> None:
+        if self.settings.exit_after_apply == name:
+            os._exit(TEST_HOOK_EXIT_CODE)
+
+    async def close(self) -> None:
+        await self.kube.close()
+        await self.probe.close()

@@ -1,0 +1,371 @@
+"""What to do next for one cluster: the desired fleet against the observed
+one. Pure: facts, probe results, a little memory and the time in; actions,
+events and the new memory out. The reconciler (`reconcile`) carries them out.
+
+- Missing replicas are created at once; replicas beyond spec.replicas are
+  drained (out of routing first, deleted once in-flight requests finished or a
+  deadline passed), highest indices being the ones removed.
+- Replicas whose manifests or pods are outdated are replaced whole (every pod
+  of the group), at most rollout.maxUnavailable at a time, counting replicas
+  that are already not Ready, the next only once the last is Ready again.
+- A multi-node group whose member was replaced or restarted restarts whole:
+  vLLM ranks cannot rejoin a running group.
+- Until warm-up gating lands, a leader is admitted (its warm-up gate set True)
+  once its engine answers /health and its group is complete."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from shoal.controller.desired import ReplicaObjects, manifest_hash
+from shoal.controller.engine_metrics import EngineMetrics
+from shoal.controller.identity import Manifest
+from shoal.controller.observe import Observed, PodFacts, ReplicaFacts, SetFacts
+
+# Between taking a replica out of routing and counting its in-flight requests:
+# time for the routers' pod watches to see it not Ready, so no new request
+# lands on it after the count.
+DRAIN_GRACE_SECONDS = 5.0
+# How soon to look again while waiting on an engine (health, drain).
+POLL_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Desired:
+    """What decisions need of a valid spec."""
+
+    replicas: Mapping[int, ReplicaObjects]
+    nodes: int  # pods per group
+    max_unavailable: int
+    drain_deadline_seconds: float
+    warmup_enabled: bool
+
+
+@dataclass(frozen=True)
+class Probes:
+    """Answers of leader engines, by pod uid."""
+
+    healthy: Mapping[str, bool] = field(default_factory=dict)
+    metrics: Mapping[str, EngineMetrics | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the operator remembers between passes (lost on restart, safely:
+    a drain restarts its grace period, an interrupted replacement is picked up
+    again from the pods' revisions)."""
+
+    in_flight: frozenset[int] = frozenset()  # replicas being replaced
+    drain_started: Mapping[int, float] = field(default_factory=dict)  # monotonic seconds
+
+
+@dataclass(frozen=True)
+class Gate:
+    pod: PodFacts
+    status: bool
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+    replica: int | None = None
+    pod: str | None = None
+
+
+@dataclass
+class Decision:
+    apply: list[Manifest] = field(default_factory=list)
+    delete_sets: list[SetFacts] = field(default_factory=list)
+    delete_pods: list[PodFacts] = field(default_factory=list)
+    gates: list[Gate] = field(default_factory=list)
+    stamps: list[tuple[PodFacts, str]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    restarts: dict[int, str] = field(default_factory=dict)  # replica -> reason
+    replacing: set[int] = field(default_factory=set)
+    memory: Memory = field(default_factory=Memory)
+    requeue_seconds: float | None = None
+
+    def poll(self, seconds: float = POLL_SECONDS) -> None:
+        if self.requeue_seconds is None or seconds < self.requeue_seconds:
+            self.requeue_seconds = max(seconds, 0.05)
+
+
+def group_token(members: list[PodFacts]) -> str:
+    """Identity of a formed group: its members' uids."""
+    uids = ",".join(sorted(p.uid for p in members))
+    return hashlib.sha256(uids.encode()).hexdigest()[:12]
+
+
+def group_complete(replica: ReplicaFacts, nodes: int) -> bool:
+    members = replica.members
+    return len(members) == nodes and all(p.running for p in members)
+
+
+def healthy(replica: ReplicaFacts, nodes: int) -> bool:
+    """Serving: the leader Ready (warm-up gate included) and every rank running."""
+    leader = replica.leader_pod
+    return leader is not None and leader.ready and group_complete(replica, nodes)
+
+
+def objects_outdated(replica: ReplicaFacts, objects: ReplicaObjects) -> bool:
+    if replica.leader is None or replica.leader.spec_hash != manifest_hash(objects.leader):
+        return True
+    if objects.worker is None:
+        return replica.worker is not None
+    return replica.worker is None or replica.worker.spec_hash != manifest_hash(objects.worker)
+
+
+def needs_replacing(replica: ReplicaFacts, objects: ReplicaObjects) -> bool:
+    sets = [s for s in (replica.leader, replica.worker) if s is not None]
+    return (
+        objects_outdated(replica, objects)
+        or not all(s.observed for s in sets)
+        or bool(replica.outdated_pods())
+    )
+
+
+def decide(
+    *,
+    desired: Desired | None,
+    observed: Observed,
+    probes: Probes,
+    memory: Memory,
+    now: float,
+) -> Decision:
+    """desired is None for an invalid spec: then nothing is created, replaced or
+    removed; running replicas are only kept admitted."""
+    decision = Decision()
+    existing = set(observed.replicas)
+    wanted = set(desired.replicas) if desired is not None else existing
+    in_flight = set(memory.in_flight) & wanted & existing
+    # Pods left of a deleted StatefulSet go with it (garbage collection).
+    surplus = {i for i in existing - wanted if observed.replica(i).sets}
+    drain_started = {i: t for i, t in memory.drain_started.items() if i in surplus}
+    if desired is not None:
+        for index in sorted(surplus, reverse=True):
+            _drain(decision, observed.replica(index), desired, probes, drain_started, now)
+        broken = _restart_broken_groups(decision, observed, wanted & existing, desired.nodes)
+        created = _create_missing(decision, observed, desired)
+        _roll_out(decision, observed, desired, in_flight, skip=broken | created)
+    else:
+        broken = set()
+    _admit(decision, observed, desired, probes, wanted & existing, skip=broken)
+    decision.memory = Memory(in_flight=frozenset(in_flight), drain_started=drain_started)
+    return decision
+
+
+def _drain(
+    decision: Decision,
+    replica: ReplicaFacts,
+    desired: Desired,
+    probes: Probes,
+    started: dict[int, float],
+    now: float,
+) -> None:
+    index, leader = replica.index, replica.leader_pod
+    if index not in started:
+        started[index] = now
+        decision.events.append(
+            Event(
+                "Normal", "ReplicaDraining", f"draining replica {index} before removing it", index
+            )
+        )
+    if leader is not None and leader.warmed != "False":
+        decision.gates.append(
+            Gate(leader, False, "Draining", "replica is being removed (scale down)")
+        )
+    elapsed = now - started[index]
+    why = None
+    if leader is None or not leader.running:
+        why = "no engine was running"
+    elif elapsed < DRAIN_GRACE_SECONDS:
+        decision.poll(DRAIN_GRACE_SECONDS - elapsed)
+        return
+    else:
+        metrics = probes.metrics.get(leader.uid)
+        if metrics is None:
+            why = "its engine did not answer /metrics"
+        elif metrics.in_flight == 0:
+            why = "its in-flight requests finished"
+        elif elapsed >= desired.drain_deadline_seconds:
+            why = (
+                f"the drain deadline ({desired.drain_deadline_seconds:.0f}s) passed with "
+                f"{metrics.in_flight:.0f} requests in flight"
+            )
+        else:
+            decision.poll()
+            return
+    decision.delete_sets += [s for s in (replica.leader, replica.worker) if s is not None]
+    del started[index]
+    decision.events.append(
+        Event("Normal", "ReplicaRemoved", f"removed replica {index}: {why}", index)
+    )
+
+
+def _restart_broken_groups(
+    decision: Decision, observed: Observed, indices: set[int], nodes: int
+) -> set[int]:
+    """Restart every multi-node group that lost or restarted a member; stamp
+    complete new groups with their members, so a replaced member is noticed."""
+    broken: set[int] = set()
+    if nodes == 1:
+        return broken
+    for index in sorted(indices):
+        replica = observed.replica(index)
+        members = replica.members
+        if not members:
+            continue
+        token = group_token(members)
+        restarted = [p.name for p in members if p.restarts > 0]
+        stale = [p for p in members if p.group is not None and p.group != token]
+        if restarted:
+            why = f"pod {restarted[0]} restarted"
+        elif stale:
+            new = [p.name for p in members if p.group is None]
+            why = f"pod {new[0]} replaced a member" if new else "a member pod is gone"
+        else:
+            if group_complete(replica, nodes):
+                decision.stamps += [(p, token) for p in members if p.group != token]
+            continue
+        broken.add(index)
+        decision.delete_pods += members
+        decision.restarts[index] = why
+        decision.events.append(
+            Event(
+                "Warning",
+                "GroupRestarted",
+                f"restarting every pod of replica {index}: {why}, and vLLM ranks cannot "
+                "rejoin a running group",
+                index,
+            )
+        )
+    return broken
+
+
+def _create_missing(decision: Decision, observed: Observed, desired: Desired) -> set[int]:
+    created: set[int] = set()
+    for index, objects in sorted(desired.replicas.items()):
+        if observed.replica(index).leader is not None:
+            continue
+        created.add(index)
+        decision.apply += objects.manifests
+        decision.events.append(Event("Normal", "ReplicaCreated", f"created replica {index}", index))
+    return created
+
+
+def _roll_out(
+    decision: Decision,
+    observed: Observed,
+    desired: Desired,
+    in_flight: set[int],
+    *,
+    skip: set[int],
+) -> None:
+    existing = {i: observed.replica(i) for i in sorted(desired.replicas) if i in observed.replicas}
+    for index, replica in existing.items():
+        done = not needs_replacing(replica, desired.replicas[index])
+        if done and healthy(replica, desired.nodes):
+            in_flight.discard(index)
+    unavailable = {
+        i
+        for i, r in existing.items()
+        if not r.held and (i in in_flight or i in skip or not healthy(r, desired.nodes))
+    }
+    budget = desired.max_unavailable - len(unavailable)
+    for index, replica in existing.items():
+        objects = desired.replicas[index]
+        if replica.held or index in skip or not needs_replacing(replica, objects):
+            continue
+        if index not in unavailable:
+            if budget <= 0:
+                continue
+            budget -= 1
+        in_flight.add(index)
+        decision.replacing.add(index)
+        if objects_outdated(replica, objects):
+            decision.apply += objects.manifests
+            if objects.worker is None and replica.worker is not None:
+                decision.delete_sets.append(replica.worker)
+            decision.events.append(
+                Event(
+                    "Normal", "ReplicaReplacing", f"replacing replica {index} (spec changed)", index
+                )
+            )
+            continue
+        sets = [s for s in (replica.leader, replica.worker) if s is not None]
+        if all(s.observed for s in sets) and replica.outdated_pods():
+            # The whole group: a rank from the old template could not join the new one.
+            decision.delete_pods += replica.members
+
+
+def _admit(
+    decision: Decision,
+    observed: Observed,
+    desired: Desired | None,
+    probes: Probes,
+    indices: set[int],
+    *,
+    skip: set[int],
+) -> None:
+    deleting = {p.uid for p in decision.delete_pods}
+    for index in sorted(indices):
+        replica = observed.replica(index)
+        leader = replica.leader_pod
+        if leader is None or not leader.running or leader.uid in deleting or index in skip:
+            continue
+        if replica.held:
+            if leader.warmed != "False":
+                decision.gates.append(
+                    Gate(leader, False, "Held", "the replica's StatefulSet is annotated paused")
+                )
+            continue
+        if leader.warmed == "True":
+            continue
+        if desired is not None and not group_complete(replica, desired.nodes):
+            continue
+        if not probes.healthy.get(leader.uid):
+            decision.poll()
+            continue
+        gated = desired is not None and desired.warmup_enabled
+        reason = "EngineHealthy" if gated else "WarmupDisabled"
+        message = "the engine answers /health" + (
+            "; warm-up verification is not enabled in this version" if gated else ""
+        )
+        decision.gates.append(Gate(leader, True, reason, message))
+        decision.events.append(
+            Event(
+                "Normal",
+                "ReplicaAdmitted",
+                f"replica {index} takes traffic: {message}",
+                index,
+                leader.name,
+            )
+        )
+
+
+def probe_targets(
+    observed: Observed, *, wanted: set[int], nodes: int | None, kv_known: set[str]
+) -> tuple[list[PodFacts], list[PodFacts]]:
+    """Leaders to ask /health (waiting for admission) and /metrics (draining,
+    or KV pool not yet measured). An idle, admitted fleet is asked nothing."""
+    health: list[PodFacts] = []
+    metrics: list[PodFacts] = []
+    for index, replica in sorted(observed.replicas.items()):
+        leader = replica.leader_pod
+        if leader is None or not leader.running:
+            continue
+        if index not in wanted:
+            metrics.append(leader)
+            continue
+        if leader.uid not in kv_known:
+            metrics.append(leader)
+        complete = nodes is None or group_complete(replica, nodes)
+        if leader.warmed != "True" and not replica.held and complete:
+            health.append(leader)
+    return health, metrics

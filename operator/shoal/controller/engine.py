@@ -1,0 +1,267 @@
+"""The engine StatefulSets of one replica (ARCHITECTURE section 3): the leader
+`<cluster>-r<i>` (one pod, the API server) and, when the replica needs more
+GPUs than a node has, the workers `<cluster>-r<i>-w` (`--headless` ranks).
+
+Pure: a spec in, manifests out. What one replica's StatefulSet looks like is
+answered here and pinned by the golden files in tests/unit/golden."""
+
+from __future__ import annotations
+
+import math
+import posixpath
+from typing import Any
+
+from shoal.api.spec import VLLMClusterSpec
+from shoal.controller import placement
+from shoal.controller.identity import ClusterRef, Manifest, object_meta
+from shoal.controller.names import (
+    COMPONENT_ENGINE,
+    CONDITION_WARMED,
+    ENGINE_PORT,
+    LABEL_REPLICA,
+    LABEL_ROLE,
+    ROLE_LEADER,
+    ROLE_WORKER,
+    cluster_labels,
+    engine_service_name,
+    leader_address,
+    leader_set_name,
+    set_selector,
+    worker_set_name,
+)
+
+MODEL_MOUNT = "/models"
+HF_HOME = "/cache/huggingface"
+# vLLM answers /health only once the model is loaded; the startup probe's
+# budget (health.startupTimeoutSeconds) is spent in steps of this period.
+STARTUP_PROBE_PERIOD_SECONDS = 10
+
+
+def gpus_per_replica(spec: VLLMClusterSpec) -> int:
+    return spec.parallelism.tensor * spec.parallelism.pipeline
+
+
+def nodes_per_replica(spec: VLLMClusterSpec) -> int:
+    return math.ceil(gpus_per_replica(spec) / spec.gpu.per_node)
+
+
+def gpus_per_pod(spec: VLLMClusterSpec) -> int:
+    # A multi-node replica fills whole nodes (the planner refuses partial ones).
+    return min(gpus_per_replica(spec), spec.gpu.per_node)
+
+
+def served_model_name(spec: VLLMClusterSpec) -> str:
+    return spec.model.served_name or spec.model.name
+
+
+def model_argument(spec: VLLMClusterSpec) -> str:
+    """What `vllm serve` loads: the model directory on the mounted PVC, the
+    Hub id, or model.name."""
+    source = spec.model.source
+    if source is not None and source.pvc is not None:
+        return posixpath.normpath(posixpath.join(MODEL_MOUNT, source.pvc.path.lstrip("/")))
+    if source is not None and source.hf is not None and source.hf.id:
+        return source.hf.id
+    return spec.model.name
+
+
+def engine_args(spec: VLLMClusterSpec) -> list[str]:
+    """`vllm serve` arguments every rank of a replica shares, from the spec."""
+    parallel, engine = spec.parallelism, spec.engine
+    args = [
+        model_argument(spec),
+        "--port",
+        str(ENGINE_PORT),
+        "--served-model-name",
+        served_model_name(spec),
+        "--tensor-parallel-size",
+        str(parallel.tensor),
+        "--pipeline-parallel-size",
+        str(parallel.pipeline),
+    ]
+    if parallel.decode_context > 1:
+        args += ["--decode-context-parallel-size", str(parallel.decode_context)]
+    if engine.max_model_len is not None:
+        args += ["--max-model-len", str(engine.max_model_len)]
+    args += ["--max-num-seqs", str(engine.max_num_seqs)]
+    if engine.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
+    args += ["--gpu-memory-utilization", format(engine.gpu_memory_utilization, "g")]
+    if engine.prefix_caching:
+        # sha256_cbor: block hashes anyone can recompute (the router, warm-up checks).
+        args += ["--enable-prefix-caching", "--prefix-caching-hash-algo", "sha256_cbor"]
+    else:
+        args += ["--no-enable-prefix-caching"]
+    source = spec.model.source
+    if source is not None and source.hf is not None and source.hf.revision:
+        args += ["--revision", source.hf.revision]
+    return args + list(engine.extra_args)
+
+
+def _group_args(ref: ClusterRef, spec: VLLMClusterSpec, index: int, *, rank: str) -> list[str]:
+    nodes = nodes_per_replica(spec)
+    if nodes == 1:
+        return []
+    return [
+        "--nnodes",
+        str(nodes),
+        "--node-rank",
+        rank,
+        "--master-addr",
+        leader_address(ref.name, ref.namespace, index),
+    ]
+
+
+def _resources(spec: VLLMClusterSpec) -> dict[str, Any]:
+    resources = {key: dict(value) for key, value in (spec.engine.resources or {}).items()}
+    limits = resources.setdefault("limits", {})
+    limits[spec.gpu.resource] = str(gpus_per_pod(spec))
+    return resources
+
+
+def _model_env(spec: VLLMClusterSpec) -> list[dict[str, Any]]:
+    source = spec.model.source
+    if source is not None and source.pvc is not None:
+        return []
+    env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": HF_HOME}]
+    token = source.hf.token_secret if source is not None and source.hf is not None else None
+    if token is not None:
+        ref = {"name": token.name, "key": token.key}
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    return env
+
+
+def _volumes(spec: VLLMClusterSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts): /dev/shm for NCCL, and the model's PVC or a Hub cache."""
+    # Memory-backed: the container runtime's 64Mi /dev/shm is too small for NCCL.
+    shm = {"medium": "Memory", "sizeLimit": spec.engine.shm_size}
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": shm}]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    source = spec.model.source
+    if source is not None and source.pvc is not None:
+        claim = {"claimName": source.pvc.claim_name, "readOnly": True}
+        volumes.append({"name": "model", "persistentVolumeClaim": claim})
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    else:
+        volumes.append({"name": "hf-cache", "emptyDir": {}})
+        mounts.append({"name": "hf-cache", "mountPath": HF_HOME})
+    return volumes, mounts
+
+
+def _health_probe(period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _pod_labels(ref: ClusterRef, index: int, role: str) -> dict[str, str]:
+    return {
+        **cluster_labels(ref.name, COMPONENT_ENGINE),
+        LABEL_REPLICA: str(index),
+        LABEL_ROLE: role,
+    }
+
+
+def _pod_spec(ref: ClusterRef, spec: VLLMClusterSpec, index: int, *, role: str) -> dict[str, Any]:
+    volumes, mounts = _volumes(spec)
+    env = _model_env(spec)
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": spec.image,
+        "command": ["vllm", "serve"],
+    }
+    if role == ROLE_LEADER:
+        container["args"] = engine_args(spec) + _group_args(ref, spec, index, rank="0")
+        container["ports"] = [{"name": "http", "containerPort": ENGINE_PORT}]
+        # vLLM refuses connections while loading and answers 503 only once its
+        # engine is dead, so /health serves startup, liveness and readiness.
+        startup_failures = math.ceil(
+            spec.health.startup_timeout_seconds / STARTUP_PROBE_PERIOD_SECONDS
+        )
+        container["startupProbe"] = _health_probe(STARTUP_PROBE_PERIOD_SECONDS, startup_failures)
+        container["livenessProbe"] = _health_probe(10, 3)
+        container["readinessProbe"] = _health_probe(5, 2)
+    else:
+        # Workers serve no HTTP; the StatefulSet's ordinals start at 1, so a
+        # worker's pod index is its node rank.
+        env.append(
+            {
+                "name": "NODE_RANK",
+                "valueFrom": {
+                    "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}
+                },
+            }
+        )
+        container["args"] = [
+            *engine_args(spec),
+            "--headless",
+            *_group_args(ref, spec, index, rank="$(NODE_RANK)"),
+        ]
+    container["env"] = env + list(spec.engine.env)
+    container["resources"] = _resources(spec)
+    container["volumeMounts"] = mounts
+    pod: dict[str, Any] = {
+        # Engines need no Kubernetes API access.
+        "automountServiceAccountToken": False,
+        "nodeSelector": placement.node_selector(spec),
+        "tolerations": placement.tolerations(spec),
+        "affinity": placement.affinity(
+            spec, cluster=ref.name, index=index, nodes=nodes_per_replica(spec)
+        ),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if not pod["nodeSelector"]:
+        del pod["nodeSelector"]
+    if not pod["affinity"]:
+        del pod["affinity"]
+    if role == ROLE_LEADER:
+        # Not Ready, so no router sends it traffic, until shoal admits it.
+        pod["readinessGates"] = [{"conditionType": CONDITION_WARMED}]
+    return pod
+
+
+def _statefulset(
+    ref: ClusterRef, spec: VLLMClusterSpec, index: int, *, role: str, name: str, pods: int
+) -> Manifest:
+    labels = _pod_labels(ref, index, role)
+    set_spec: dict[str, Any] = {
+        "replicas": pods,
+        "serviceName": engine_service_name(ref.name),
+        "podManagementPolicy": "Parallel",
+        # shoal replaces pods itself: whole groups, rollout.maxUnavailable
+        # replicas at a time, each only after the last is warm and Ready.
+        "updateStrategy": {"type": "OnDelete"},
+        "selector": {"matchLabels": set_selector(ref.name, index, role)},
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": _pod_spec(ref, spec, index, role=role),
+        },
+    }
+    if role == ROLE_WORKER:
+        set_spec["ordinals"] = {"start": 1}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": object_meta(ref, name, labels),
+        "spec": set_spec,
+    }
+
+
+def build_leader_statefulset(ref: ClusterRef, spec: VLLMClusterSpec, index: int) -> Manifest:
+    """Replica index's leader: one pod with the API server, the readiness gate
+    and, for a multi-node replica, rank 0 of the group."""
+    name = leader_set_name(ref.name, index)
+    return _statefulset(ref, spec, index, role=ROLE_LEADER, name=name, pods=1)
+
+
+def build_worker_statefulset(ref: ClusterRef, spec: VLLMClusterSpec, index: int) -> Manifest | None:
+    """Replica index's headless ranks 1..n-1, or None when one node holds the replica."""
+    nodes = nodes_per_replica(spec)
+    if nodes == 1:
+        return None
+    name = worker_set_name(ref.name, index)
+    return _statefulset(ref, spec, index, role=ROLE_WORKER, name=name, pods=nodes - 1)

@@ -1,0 +1,153 @@
+"""The kopf side: handlers, the per-cluster daemon, child-event wake-ups and
+kopf's settings. Thin: every handler calls `reconcile`, which does the work.
+
+- create / update / resume: a pass at once (the spec changed, or the
+  operator (re)started), with kopf's retries on API errors;
+- a daemon per VLLMCluster: a pass whenever a child changes (pod, StatefulSet,
+  router Deployment events wake it), when a pass asked to look again soon
+  (an engine not yet healthy, a drain), and every RESYNC_SECONDS otherwise;
+- handlers are registered on a registry of their own, not kopf's global one."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+import kopf
+
+from shoal.api import GROUP, PLURAL, VERSION
+from shoal.controller.context import ClusterState, OperatorContext
+from shoal.controller.decide import Event
+from shoal.controller.kube import ApiError
+from shoal.controller.logs import cluster_logger
+from shoal.controller.names import DOMAIN, FINALIZER, LABEL_CLUSTER
+from shoal.controller.reconcile import reconcile
+
+# kopf's own annotations (handler progress, last handled spec).
+KOPF_PREFIX = f"operator.{DOMAIN}"
+
+# Level-based safety net: a pass (reads only) this often even without events.
+RESYNC_SECONDS = 60.0
+# Child events come in bursts (create, schedule, run, ready); one pass after a burst.
+DEBOUNCE_SECONDS = 0.1
+RETRY_SECONDS = 5.0
+MAX_BACKOFF_SECONDS = 30.0
+
+_TRANSIENT = (ApiError, aiohttp.ClientError, TimeoutError, OSError)
+
+
+def post_event(body: Any, event: Event) -> None:
+    """An Event on the VLLMCluster, posted by kopf in the background."""
+    kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+
+
+def context_of(memo: Any) -> OperatorContext:
+    ctx: OperatorContext = memo["shoal"]
+    return ctx
+
+
+def state_of(memo: Any) -> ClusterState:
+    """The cluster's own memory; kopf's per-object memo outlives handler calls."""
+    if "cluster" not in memo:
+        memo["cluster"] = ClusterState()
+    state: ClusterState = memo["cluster"]
+    return state
+
+
+async def reconcile_handler(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    ctx = context_of(memo)
+    try:
+        await reconcile(ctx, body, state_of(memo))
+    except _TRANSIENT as error:
+        raise kopf.TemporaryError(str(error), delay=RETRY_SECONDS) from error
+    # The daemon follows up (a pass here may have asked to look again soon).
+    ctx.wakeups.poke((body.metadata.namespace or "", body.metadata.name or ""))
+
+
+async def cluster_daemon(
+    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
+    ctx, state = context_of(memo), state_of(memo)
+    key = (body.metadata.namespace or "", body.metadata.name or "")
+    log = cluster_logger(*key)
+    wake = ctx.wakeups.register(key)
+    backoff = 1.0
+    try:
+        while not stopped:
+            wake.clear()
+            try:
+                delay = await reconcile(ctx, body, state)
+                backoff, state.last_failure = 1.0, None
+            except _TRANSIENT as error:
+                log.warning("pass failed, retrying in %.0fs: %s", backoff, error)
+                if isinstance(error, ApiError) and str(error) != state.last_failure:
+                    # Refused writes (say, an invalid passed-through field) are
+                    # the user's to fix: say so once, not at every retry.
+                    post_event(body, Event("Warning", "ReconcileFailed", str(error)))
+                state.last_failure = str(error)
+                delay, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
+            try:
+                await asyncio.wait_for(wake.wait(), RESYNC_SECONDS if delay is None else delay)
+                await asyncio.sleep(DEBOUNCE_SECONDS)
+            except TimeoutError:
+                pass
+    finally:
+        ctx.wakeups.forget(key, wake)
+
+
+async def child_changed(
+    labels: kopf.Labels, namespace: str | None, memo: kopf.Memo, **_: Any
+) -> None:
+    cluster = labels.get(LABEL_CLUSTER)
+    if cluster and namespace:
+        context_of(memo).wakeups.poke((namespace, cluster))
+
+
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's own credentials: in-cluster ServiceAccount, else the kubeconfig."""
+    return kopf.login_via_client(**kwargs)
+
+
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await context_of(memo).close()
+
+
+def build_registry() -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    resource = (GROUP, VERSION, PLURAL)
+    for cause in (kopf.on.create, kopf.on.update, kopf.on.resume):
+        cause(*resource, id="reconcile", registry=registry, backoff=RETRY_SECONDS)(
+            reconcile_handler
+        )
+    kopf.daemon(*resource, id="watch", registry=registry, cancellation_timeout=10.0)(cluster_daemon)
+    children = {LABEL_CLUSTER: kopf.PRESENT}
+    for child in (("v1", "pods"), ("apps", "v1", "statefulsets"), ("apps", "v1", "deployments")):
+        kopf.on.event(*child, id=f"wake-{child[-1]}", labels=children, registry=registry)(
+            child_changed
+        )
+    kopf.on.login(registry=registry)(login)
+    kopf.on.cleanup(registry=registry)(cleanup)
+    return registry
+
+
+def build_settings(*, standalone: bool) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    settings.persistence.finalizer = FINALIZER
+    # Annotations only: status.kopf is not in the CRD's schema and would be
+    # pruned, and kopf would retry writing it forever. A prefix of their own:
+    # kopf ignores changes to every annotation under its storage prefix, which
+    # would hide serving.shoal.dev/paused from the update handler.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=KOPF_PREFIX, key="last-handled-configuration"
+    )
+    settings.peering.standalone = standalone
+    settings.posting.reporting_component = "shoal-operator"
+    settings.posting.event_name_prefix = "shoal-"
+    # Watch only shoal's children, filtered by the API server, not every pod.
+    for plural in ("pods", "statefulsets", "deployments"):
+        settings.watching.label_selectors[plural] = LABEL_CLUSTER
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    return settings

@@ -1,0 +1,236 @@
+"""The actual state of one cluster, read from its listed StatefulSets, pods and
+router Deployment into plain facts. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.controller.identity import Manifest
+from shoal.controller.names import (
+    ANNOTATION_GROUP,
+    ANNOTATION_PAUSED,
+    ANNOTATION_SPEC_HASH,
+    CONDITION_WARMED,
+    LABEL_REPLICA,
+    LABEL_ROLE,
+    ROLE_LEADER,
+    ROLE_WORKER,
+)
+
+REVISION_LABEL = "controller-revision-hash"
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    name: str
+    uid: str
+    replica: int
+    role: str
+    phase: str
+    ip: str | None
+    node: str | None
+    terminating: bool
+    ready: bool  # the Ready condition, readiness gates included
+    containers_ready: bool
+    warmed: str | None  # status of the warm-up gate condition, None while absent
+    restarts: int
+    revision: str | None
+    group: str | None
+    unschedulable: str | None  # the scheduler's message, while it cannot place the pod
+    gpus: int
+
+    @property
+    def running(self) -> bool:
+        return self.phase == "Running" and not self.terminating and bool(self.ip)
+
+    @property
+    def failed(self) -> bool:
+        return self.phase == "Failed"
+
+
+@dataclass(frozen=True)
+class SetFacts:
+    name: str
+    uid: str
+    replica: int
+    role: str
+    spec_hash: str | None
+    generation: int
+    observed_generation: int
+    update_revision: str | None
+    held: bool
+
+    @property
+    def observed(self) -> bool:
+        """The StatefulSet controller has seen the latest template."""
+        return self.observed_generation >= self.generation and bool(self.update_revision)
+
+
+@dataclass
+class ReplicaFacts:
+    index: int
+    leader: SetFacts | None = None
+    worker: SetFacts | None = None
+    pods: list[PodFacts] = field(default_factory=list)
+
+    @property
+    def members(self) -> list[PodFacts]:
+        """Pods of the group that are not being deleted, leader first."""
+        live = [p for p in self.pods if not p.terminating]
+        return sorted(live, key=lambda p: (p.role != ROLE_LEADER, p.name))
+
+    @property
+    def leader_pod(self) -> PodFacts | None:
+        return next((p for p in self.members if p.role == ROLE_LEADER), None)
+
+    @property
+    def sets(self) -> list[SetFacts]:
+        return [s for s in (self.leader, self.worker) if s is not None]
+
+    @property
+    def held(self) -> bool:
+        return self.leader is not None and self.leader.held
+
+    def set_for(self, role: str) -> SetFacts | None:
+        return self.leader if role == ROLE_LEADER else self.worker
+
+    def outdated_pods(self) -> list[PodFacts]:
+        """Members made from an older template than their StatefulSet's."""
+        outdated = []
+        for pod in self.members:
+            owner = self.set_for(pod.role)
+            if owner is not None and owner.observed and pod.revision != owner.update_revision:
+                outdated.append(pod)
+        return outdated
+
+
+@dataclass(frozen=True)
+class RouterFacts:
+    spec_hash: str | None
+    available: int
+
+
+@dataclass
+class Observed:
+    replicas: dict[int, ReplicaFacts]
+    router: RouterFacts | None
+
+    def replica(self, index: int) -> ReplicaFacts:
+        return self.replicas.get(index) or ReplicaFacts(index=index)
+
+
+def _annotations(obj: Manifest) -> dict[str, str]:
+    annotations: dict[str, str] = obj.get("metadata", {}).get("annotations") or {}
+    return annotations
+
+
+def _index(obj: Manifest) -> int | None:
+    value = (obj.get("metadata", {}).get("labels") or {}).get(LABEL_REPLICA, "")
+    return int(value) if value.isdigit() else None
+
+
+def _condition(pod: Manifest, kind: str) -> dict[str, Any] | None:
+    for condition in pod.get("status", {}).get("conditions") or []:
+        if condition.get("type") == kind:
+            found: dict[str, Any] = condition
+            return found
+    return None
+
+
+def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
+    meta, status = pod["metadata"], pod.get("status", {})
+    index = _index(pod)
+    if index is None:
+        return None
+    labels = meta.get("labels") or {}
+    ready = _condition(pod, "Ready")
+    containers_ready = _condition(pod, "ContainersReady")
+    warmed = _condition(pod, CONDITION_WARMED)
+    scheduled = _condition(pod, "PodScheduled")
+    unschedulable = None
+    if scheduled and scheduled.get("status") == "False":
+        unschedulable = str(scheduled.get("message") or scheduled.get("reason") or "")
+    gpus = 0
+    if pod.get("spec", {}).get("nodeName"):
+        for container in pod.get("spec", {}).get("containers", []):
+            limit = ((container.get("resources") or {}).get("limits") or {}).get(gpu_resource)
+            gpus += int(str(limit)) if str(limit or "").isdigit() else 0
+    return PodFacts(
+        name=meta["name"],
+        uid=meta["uid"],
+        replica=index,
+        role=labels.get(LABEL_ROLE, ROLE_LEADER),
+        phase=status.get("phase", "Pending"),
+        ip=status.get("podIP") or None,
+        node=pod.get("spec", {}).get("nodeName") or None,
+        terminating=bool(meta.get("deletionTimestamp")),
+        ready=bool(ready and ready.get("status") == "True"),
+        containers_ready=bool(containers_ready and containers_ready.get("status") == "True"),
+        warmed=str(warmed["status"]) if warmed else None,
+        restarts=sum(c.get("restartCount", 0) for c in status.get("containerStatuses") or []),
+        revision=labels.get(REVISION_LABEL),
+        group=_annotations(pod).get(ANNOTATION_GROUP),
+        unschedulable=unschedulable,
+        gpus=gpus,
+    )
+
+
+def _owned_by(obj: Manifest, owner_uid: str | None) -> bool:
+    if owner_uid is None:
+        return True
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(ref.get("uid") == owner_uid and ref.get("controller") for ref in refs)
+
+
+def set_facts(statefulset: Manifest, *, owner_uid: str | None = None) -> SetFacts | None:
+    """A StatefulSet of the cluster's; None for one it does not control."""
+    meta, status = statefulset["metadata"], statefulset.get("status", {})
+    index = _index(statefulset)
+    if index is None or not _owned_by(statefulset, owner_uid):
+        return None
+    labels = meta.get("labels") or {}
+    return SetFacts(
+        name=meta["name"],
+        uid=meta["uid"],
+        replica=index,
+        role=labels.get(LABEL_ROLE, ROLE_LEADER),
+        spec_hash=_annotations(statefulset).get(ANNOTATION_SPEC_HASH),
+        generation=int(meta.get("generation", 0)),
+        observed_generation=int(status.get("observedGeneration", 0)),
+        update_revision=status.get("updateRevision"),
+        held=_annotations(statefulset).get(ANNOTATION_PAUSED) == "true",
+    )
+
+
+def observe(
+    *,
+    statefulsets: list[Manifest],
+    pods: list[Manifest],
+    router: Manifest | None,
+    gpu_resource: str,
+    owner_uid: str | None = None,
+) -> Observed:
+    """owner_uid: the VLLMCluster's; StatefulSets it does not control are not
+    the operator's to change, whatever their labels say."""
+    replicas: dict[int, ReplicaFacts] = {}
+    for statefulset in statefulsets:
+        facts = set_facts(statefulset, owner_uid=owner_uid)
+        if facts is None:
+            continue
+        replica = replicas.setdefault(facts.replica, ReplicaFacts(index=facts.replica))
+        if facts.role == ROLE_WORKER:
+            replica.worker = facts
+        else:
+            replica.leader = facts
+    for pod in pods:
+        found = pod_facts(pod, gpu_resource=gpu_resource)
+        if found is not None:
+            replicas.setdefault(found.replica, ReplicaFacts(index=found.replica)).pods.append(found)
+    router_facts = None
+    if router is not None:
+        router_facts = RouterFacts(
+            spec_hash=_annotations(router).get(ANNOTATION_SPEC_HASH),
+            available=int(router.get("status", {}).get("availableReplicas", 0) or 0),
+        )
+    return Observed(replicas=replicas, router=router_facts)

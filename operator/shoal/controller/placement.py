@@ -1,0 +1,73 @@
+"""Where engine pods may run: GPU product, GPU taint, and how the pods of one
+group and of different replicas spread over nodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shoal.api.spec import VLLMClusterSpec
+from shoal.controller.names import LABEL_REPLICA, engine_selector, group_selector
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+HOSTNAME = "kubernetes.io/hostname"
+
+
+def node_selector(spec: VLLMClusterSpec) -> dict[str, str]:
+    selector = dict(spec.placement.node_selector)
+    if spec.gpu.product:
+        selector[GPU_PRODUCT_LABEL] = spec.gpu.product
+    return selector
+
+
+def tolerations(spec: VLLMClusterSpec) -> list[dict[str, Any]]:
+    # GPU node pools carry a NoSchedule taint keyed by the GPU resource (the
+    # NVIDIA GPU operator's and the cloud providers' convention).
+    gpu = {"key": spec.gpu.resource, "operator": "Exists", "effect": "NoSchedule"}
+    return [gpu, *spec.placement.tolerations]
+
+
+def affinity(spec: VLLMClusterSpec, *, cluster: str, index: int, nodes: int) -> dict[str, Any]:
+    """The user's affinity plus: a multi-node group's pods on distinct nodes
+    (and in one topology domain when topologyKey is set); other replicas
+    preferably on other nodes (spreadReplicas)."""
+    user = dict(spec.placement.affinity or {})
+    required_anti: list[dict[str, Any]] = []
+    required_co: list[dict[str, Any]] = []
+    preferred_anti: list[dict[str, Any]] = []
+    if nodes > 1:
+        required_anti.append(_group_term(cluster, index, HOSTNAME))
+        if spec.placement.topology_key:
+            required_co.append(_group_term(cluster, index, spec.placement.topology_key))
+    if spec.placement.spread_replicas:
+        others = {
+            "matchLabels": engine_selector(cluster),
+            "matchExpressions": [
+                {"key": LABEL_REPLICA, "operator": "NotIn", "values": [str(index)]}
+            ],
+        }
+        preferred_anti.append(
+            {"weight": 100, "podAffinityTerm": {"labelSelector": others, "topologyKey": HOSTNAME}}
+        )
+    _extend(
+        user, "podAntiAffinity", "requiredDuringSchedulingIgnoredDuringExecution", required_anti
+    )
+    _extend(
+        user, "podAntiAffinity", "preferredDuringSchedulingIgnoredDuringExecution", preferred_anti
+    )
+    _extend(user, "podAffinity", "requiredDuringSchedulingIgnoredDuringExecution", required_co)
+    return user
+
+
+def _group_term(cluster: str, index: int, topology_key: str) -> dict[str, Any]:
+    return {
+        "labelSelector": {"matchLabels": group_selector(cluster, index)},
+        "topologyKey": topology_key,
+    }
+
+
+def _extend(affinity: dict[str, Any], kind: str, rule: str, terms: list[dict[str, Any]]) -> None:
+    if not terms:
+        return
+    section = dict(affinity.get(kind) or {})
+    section[rule] = [*(section.get(rule) or []), *terms]
+    affinity[kind] = section

@@ -1,0 +1,295 @@
+"""One reconciliation pass of one cluster: read, decide, act, report.
+
+The I/O around the pure parts: list the cluster's StatefulSets and pods,
+ask engines what decisions need, carry out the decision (server-side apply,
+deletes, pod conditions), post Events, and write status when it changed.
+Objects whose recorded manifest hash matches are not written, and status is
+compared before it is written, so a pass over an idle fleet writes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from shoal.api import API_VERSION, KIND
+from shoal.api.spec import VLLMClusterSpec
+from shoal.api.validation import SpecError, parse_cluster, validate_spec
+from shoal.controller.context import ClusterState, OperatorContext
+from shoal.controller.decide import Decision, Desired, Event, Probes, decide, probe_targets
+from shoal.controller.desired import DesiredFleet, desired_fleet, manifest_hash
+from shoal.controller.engine import nodes_per_replica
+from shoal.controller.identity import ClusterRef, Manifest
+from shoal.controller.logs import cluster_logger
+from shoal.controller.names import (
+    ANNOTATION_GROUP,
+    ANNOTATION_PAUSED,
+    ANNOTATION_SPEC_HASH,
+    CONDITION_WARMED,
+    engine_selector,
+    router_name,
+    selector_text,
+)
+from shoal.controller.observe import Observed, observe
+from shoal.controller.status import StatusInputs, build_status, status_patch
+
+# Objects other than the engines and the router Deployment (Services, RBAC,
+# ConfigMap, PDB) are compared with the live ones on start and this often.
+STATIC_CHECK_SECONDS = 600.0
+
+
+def now_text() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def stamped(manifest: Manifest) -> Manifest:
+    """The manifest with its own hash recorded on it."""
+    copied = copy.deepcopy(manifest)
+    annotations = copied["metadata"].setdefault("annotations", {})
+    annotations[ANNOTATION_SPEC_HASH] = manifest_hash(manifest)
+    return copied
+
+
+def parse(body: Mapping[str, Any]) -> tuple[VLLMClusterSpec | None, list[SpecError]]:
+    # Status and kopf's bookkeeping are not the user's: validate what they wrote.
+    manifest = {key: body[key] for key in ("apiVersion", "kind", "metadata", "spec") if key in body}
+    cluster, errors = parse_cluster(copy.deepcopy(manifest))
+    if cluster is None:
+        return None, errors
+    return cluster.spec, validate_spec(cluster.spec)
+
+
+async def reconcile(
+    ctx: OperatorContext, body: Mapping[str, Any], state: ClusterState
+) -> float | None:
+    """One pass; returns how soon to look again (None: on the next event)."""
+    async with state.lock:
+        return await _reconcile(ctx, body, state)
+
+
+async def _reconcile(
+    ctx: OperatorContext, body: Mapping[str, Any], state: ClusterState
+) -> float | None:
+    ref = ClusterRef.of(body)
+    log = cluster_logger(ref.namespace, ref.name)
+    meta = body["metadata"]
+    paused = (meta.get("annotations") or {}).get(ANNOTATION_PAUSED) == "true"
+    spec, errors = parse(body)
+    valid = spec is not None and not errors
+    observed = await _observe(ctx, ref, spec)
+    fleet = None
+    desired = None
+    if valid:
+        assert spec is not None
+        fleet = desired_fleet(ref, spec, router_image=ctx.settings.router_image)
+        desired = Desired(
+            replicas={replica.index: replica for replica in fleet.replicas},
+            nodes=nodes_per_replica(spec),
+            max_unavailable=spec.rollout.max_unavailable,
+            # A request the router still waits for ends by the router's total deadline.
+            drain_deadline_seconds=float(spec.router.timeouts.total_seconds),
+            warmup_enabled=spec.warmup.enabled,
+        )
+    if paused:
+        decision, probes = Decision(memory=state.memory), Probes()
+    else:
+        probes = await _probe(ctx, state, observed, spec if valid else None)
+        decision = decide(
+            desired=desired,
+            observed=observed,
+            probes=probes,
+            memory=state.memory,
+            now=time.monotonic(),
+        )
+        await _act(ctx, body, ref, state, decision, fleet, observed)
+    state.memory = decision.memory
+    _report_spec(ctx, body, state, errors)
+    # Our last write is fresher than the body while the watch catches up.
+    previous = state.last_status if state.last_status is not None else body.get("status") or {}
+    status = build_status(
+        StatusInputs(
+            name=ref.name,
+            namespace=ref.namespace,
+            generation=int(meta.get("generation", 0)),
+            spec=spec,
+            errors=errors,
+            paused=paused,
+            observed=observed,
+            decision=decision,
+            memory=state.memory,
+            probes=probes,
+            kv_pools=state.kv_pools,
+            previous=previous,
+            now=now_text(),
+        )
+    )
+    await _write_status(ctx, ref, state, previous, status)
+    if decision.requeue_seconds is not None:
+        log.debug("looking again in %.1fs", decision.requeue_seconds)
+    return decision.requeue_seconds
+
+
+async def _observe(ctx: OperatorContext, ref: ClusterRef, spec: VLLMClusterSpec | None) -> Observed:
+    selector = selector_text(engine_selector(ref.name))
+    statefulsets, pods, router = await asyncio.gather(
+        ctx.kube.list("apps/v1", "StatefulSet", ref.namespace, selector),
+        ctx.kube.list("v1", "Pod", ref.namespace, selector),
+        ctx.kube.get("apps/v1", "Deployment", ref.namespace, router_name(ref.name)),
+    )
+    gpu_resource = spec.gpu.resource if spec is not None else "nvidia.com/gpu"
+    return observe(
+        statefulsets=statefulsets,
+        pods=pods,
+        router=router,
+        gpu_resource=gpu_resource,
+        owner_uid=ref.uid,
+    )
+
+
+async def _probe(
+    ctx: OperatorContext, state: ClusterState, observed: Observed, spec: VLLMClusterSpec | None
+) -> Probes:
+    wanted = set(range(spec.replicas)) if spec is not None else set(observed.replicas)
+    nodes = nodes_per_replica(spec) if spec is not None else None
+    health, metrics = probe_targets(
+        observed, wanted=wanted, nodes=nodes, kv_known=set(state.kv_pools)
+    )
+    healthy_answers = await asyncio.gather(*(ctx.probe.healthy(pod.ip or "") for pod in health))
+    metrics_answers = await asyncio.gather(*(ctx.probe.metrics(pod.ip or "") for pod in metrics))
+    healthy = {pod.uid: answer for pod, answer in zip(health, healthy_answers, strict=True)}
+    scraped = {pod.uid: answer for pod, answer in zip(metrics, metrics_answers, strict=True)}
+    live = {p.uid for r in observed.replicas.values() for p in r.pods}
+    state.kv_pools = {uid: pool for uid, pool in state.kv_pools.items() if uid in live}
+    for uid, found in scraped.items():
+        if found is not None and found.kv_pool is not None:
+            state.kv_pools[uid] = found.kv_pool
+    return Probes(healthy=healthy, metrics=scraped)
+
+
+async def _apply(ctx: OperatorContext, ref: ClusterRef, manifest: Manifest) -> None:
+    await ctx.kube.apply(stamped(manifest))
+    name = manifest["metadata"]["name"]
+    cluster_logger(ref.namespace, ref.name).info("applied %s %s", manifest["kind"], name)
+    ctx.after_apply(name)
+
+
+async def _apply_static(
+    ctx: OperatorContext, ref: ClusterRef, state: ClusterState, manifests: list[Manifest]
+) -> None:
+    """Apply what this process has not applied in this form; every
+    STATIC_CHECK_SECONDS (and after a restart) compare with the live objects
+    instead, so drift is repaired and a restart writes nothing that matches."""
+    now = time.monotonic()
+    due = state.static_checked_at is None or now - state.static_checked_at > STATIC_CHECK_SECONDS
+    for manifest in manifests:
+        meta = manifest["metadata"]
+        key = f"{manifest['kind']}/{meta['name']}"
+        wanted = manifest_hash(manifest)
+        if due:
+            live = await ctx.kube.get(
+                manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]
+            )
+            annotations = (live or {}).get("metadata", {}).get("annotations") or {}
+            state.static_applied[key] = annotations.get(ANNOTATION_SPEC_HASH, "")
+        if state.static_applied.get(key) != wanted:
+            await _apply(ctx, ref, manifest)
+            state.static_applied[key] = wanted
+    if due:
+        state.static_checked_at = now
+
+
+async def _act(
+    ctx: OperatorContext,
+    body: Mapping[str, Any],
+    ref: ClusterRef,
+    state: ClusterState,
+    decision: Decision,
+    fleet: DesiredFleet | None,
+    observed: Observed,
+) -> None:
+    if fleet is not None:
+        await _apply_static(ctx, ref, state, fleet.before)
+    for manifest in decision.apply:
+        await _apply(ctx, ref, manifest)
+    if fleet is not None:
+        for manifest in fleet.after:
+            router = observed.router
+            if router is None or router.spec_hash != manifest_hash(manifest):
+                await _apply(ctx, ref, manifest)
+    for statefulset in decision.delete_sets:
+        await ctx.kube.delete(
+            "apps/v1", "StatefulSet", ref.namespace, statefulset.name, uid=statefulset.uid
+        )
+        cluster_logger(ref.namespace, ref.name, replica=statefulset.replica).info(
+            "deleted StatefulSet %s", statefulset.name
+        )
+    for pod in decision.delete_pods:
+        await ctx.kube.delete("v1", "Pod", ref.namespace, pod.name, uid=pod.uid)
+        cluster_logger(ref.namespace, ref.name, replica=pod.replica, pod=pod.name).info(
+            "deleted pod"
+        )
+    for gate in decision.gates:
+        condition = {
+            "type": CONDITION_WARMED,
+            "status": "True" if gate.status else "False",
+            "reason": gate.reason,
+            "message": gate.message,
+            "lastTransitionTime": now_text(),
+        }
+        await ctx.kube.patch(
+            "v1",
+            "Pod",
+            ref.namespace,
+            gate.pod.name,
+            {"status": {"conditions": [condition]}},
+            subresource="status",
+            patch_type="strategic-merge",
+        )
+        cluster_logger(ref.namespace, ref.name, replica=gate.pod.replica, pod=gate.pod.name).info(
+            "set %s=%s (%s)", CONDITION_WARMED, condition["status"], gate.reason
+        )
+    for pod, token in decision.stamps:
+        await ctx.kube.patch(
+            "v1",
+            "Pod",
+            ref.namespace,
+            pod.name,
+            {"metadata": {"annotations": {ANNOTATION_GROUP: token}}},
+        )
+    for event in decision.events:
+        level = logging.WARNING if event.type == "Warning" else logging.INFO
+        logger = cluster_logger(ref.namespace, ref.name, replica=event.replica, pod=event.pod)
+        logger.log(level, "%s: %s", event.reason, event.message)
+        ctx.post_event(body, event)
+
+
+def _report_spec(
+    ctx: OperatorContext, body: Mapping[str, Any], state: ClusterState, errors: list[SpecError]
+) -> None:
+    """An Event when the spec turns invalid (or its errors change)."""
+    message = "; ".join(str(error) for error in errors) or None
+    if message is not None and message != state.last_error:
+        event = Event("Warning", "InvalidSpec", f"{message}; nothing was changed")
+        meta = body["metadata"]
+        cluster_logger(meta["namespace"], meta["name"]).warning("InvalidSpec: %s", message)
+        ctx.post_event(body, event)
+    state.last_error = message
+
+
+async def _write_status(
+    ctx: OperatorContext,
+    ref: ClusterRef,
+    state: ClusterState,
+    previous: Mapping[str, Any],
+    status: dict[str, Any],
+) -> None:
+    patch = status_patch(previous, status)
+    if patch is not None:
+        await ctx.kube.patch(
+            API_VERSION, KIND, ref.namespace, ref.name, {"status": patch}, subresource="status"
+        )
+    state.last_status = status

@@ -1,0 +1,219 @@
+"""The router of one cluster (ARCHITECTURE section 4): `spec.router` translated
+into the router's own `router.json`, and the Deployment, Service, ConfigMap,
+ServiceAccount, Role and RoleBinding that run it. Pure."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+from shoal.api.quantity import parse_quantity
+from shoal.api.spec import VLLMClusterSpec
+from shoal.controller.identity import ClusterRef, Manifest, object_meta
+from shoal.controller.names import (
+    ANNOTATION_ROUTER_CONFIG_HASH,
+    COMPONENT_ROUTER,
+    ENGINE_PORT,
+    ROUTER_PORT,
+    cluster_labels,
+    leader_selector_text,
+    router_name,
+    router_selector,
+)
+from shoal.router.config import (
+    Breaker,
+    HotPrefixes,
+    LoadWeights,
+    Policy,
+    Queue,
+    RouterConfig,
+    Timeouts,
+)
+
+CONFIG_DIR = "/etc/shoal/router"
+CONFIG_FILE = "router.json"
+API_KEYS_DIR = "/etc/shoal/api-keys"
+# Scrapes may take most of an interval; metrics older than a few intervals
+# (and never under the router's own 2 s default) count as full load.
+_SCRAPE_TIMEOUT_SHARE = 0.8
+_STALE_INTERVALS = 8
+_MIN_STALE_SECONDS = 2.0
+
+
+def router_config(spec: VLLMClusterSpec) -> RouterConfig:
+    """spec.router (plus the engines' per-replica maxNumSeqs) as the router's config."""
+    router = spec.router
+    interval = router.scrape_interval_milliseconds / 1000
+    api_key_file = None
+    if router.api_key_secret is not None:
+        api_key_file = f"{API_KEYS_DIR}/{router.api_key_secret.key}"
+    return RouterConfig(
+        policy=Policy(router.policy),
+        weights=LoadWeights(
+            kv=router.weights.kv_usage, queue=router.weights.queue, running=router.weights.running
+        ),
+        beta=router.thresholds.beta,
+        epsilon=router.thresholds.epsilon,
+        q_norm=router.thresholds.q_norm,
+        saturation_kv=router.thresholds.saturated_kv_usage,
+        affinity_threshold=router.thresholds.affinity_threshold,
+        block_chars=router.thresholds.prefix_block_chars,
+        max_num_seqs=spec.engine.max_num_seqs,
+        timeouts=Timeouts(
+            connect_seconds=router.timeouts.connect_seconds,
+            first_byte_seconds=router.timeouts.first_byte_seconds,
+            total_seconds=router.timeouts.total_seconds,
+        ),
+        max_retries=router.retries,
+        breaker=Breaker(
+            failure_threshold=router.circuit_breaker.failure_threshold,
+            open_seconds=router.circuit_breaker.open_seconds,
+        ),
+        queue=Queue(
+            max_size=router.queue.max_queued, timeout_seconds=router.queue.max_wait_seconds
+        ),
+        scrape_interval_seconds=interval,
+        scrape_timeout_seconds=round(interval * _SCRAPE_TIMEOUT_SHARE, 3),
+        stale_after_seconds=max(_MIN_STALE_SECONDS, interval * _STALE_INTERVALS),
+        max_body_bytes=math.floor(parse_quantity(router.max_request_size)),
+        api_key_file=api_key_file,
+        hot_prefixes=HotPrefixes(
+            enabled=router.hot_prefixes.enabled,
+            top_k=router.hot_prefixes.max_prefixes,
+            max_chars=router.hot_prefixes.max_chars,
+        ),
+    )
+
+
+def render_router_config(spec: VLLMClusterSpec) -> str:
+    """router.json: every field written out, keys sorted, so equal specs give equal bytes."""
+    config = router_config(spec).model_dump(mode="json", by_alias=True)
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+def _labels(ref: ClusterRef) -> dict[str, str]:
+    return cluster_labels(ref.name, COMPONENT_ROUTER)
+
+
+def build_router_configmap(ref: ClusterRef, spec: VLLMClusterSpec) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": object_meta(ref, router_name(ref.name), _labels(ref)),
+        "data": {CONFIG_FILE: render_router_config(spec)},
+    }
+
+
+def build_router_service_account(ref: ClusterRef) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": object_meta(ref, router_name(ref.name), _labels(ref)),
+    }
+
+
+def build_router_role(ref: ClusterRef) -> Manifest:
+    """The router only discovers leader pods: get, list and watch pods, nothing else."""
+    rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": object_meta(ref, router_name(ref.name), _labels(ref)),
+        "rules": [rule],
+    }
+
+
+def build_router_role_binding(ref: ClusterRef) -> Manifest:
+    name = router_name(ref.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": object_meta(ref, name, _labels(ref)),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ref.namespace}],
+    }
+
+
+def build_router_service(ref: ClusterRef, spec: VLLMClusterSpec) -> Manifest:
+    service = spec.router.service
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(ref, router_name(ref.name), _labels(ref)),
+        "spec": {
+            "type": service.type,
+            "selector": router_selector(ref.name),
+            "ports": [{"name": "http", "port": service.port, "targetPort": "http"}],
+        },
+    }
+
+
+def config_hash(configmap: Manifest) -> str:
+    text = json.dumps(configmap["data"], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def build_router_deployment(
+    ref: ClusterRef, spec: VLLMClusterSpec, *, image: str, configmap: Manifest
+) -> Manifest:
+    """`shoal router --kubernetes`, reading router.json from the ConfigMap; the
+    ConfigMap's hash on the pod template rolls the router (only) when it changes."""
+    name = router_name(ref.name)
+    router = spec.router
+    args = [
+        "router",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(ROUTER_PORT),
+        "--config",
+        f"{CONFIG_DIR}/{CONFIG_FILE}",
+        "--kubernetes",
+        "--namespace",
+        ref.namespace,
+        "--selector",
+        leader_selector_text(ref.name),
+        "--engine-port",
+        str(ENGINE_PORT),
+    ]
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5}
+    mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": name}}]
+    if router.api_key_secret is not None:
+        mounts.append({"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True})
+        volumes.append({"name": "api-keys", "secret": {"secretName": router.api_key_secret.name}})
+    container: dict[str, Any] = {
+        "name": "router",
+        "image": image,
+        "command": ["shoal"],
+        "args": args,
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
+        "readinessProbe": probe,
+        "livenessProbe": {**probe, "failureThreshold": 3},
+        "volumeMounts": mounts,
+    }
+    if router.resources:
+        container["resources"] = dict(router.resources)
+    labels = _labels(ref)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_meta(ref, name, labels),
+        "spec": {
+            "replicas": router.replicas,
+            "selector": {"matchLabels": router_selector(ref.name)},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {ANNOTATION_ROUTER_CONFIG_HASH: config_hash(configmap)},
+                },
+                "spec": {
+                    "serviceAccountName": name,
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }

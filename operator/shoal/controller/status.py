@@ -1,0 +1,267 @@
+"""A cluster's status from what was observed and decided. Pure.
+
+Only facts that change on transitions go here (live load belongs in metrics),
+so the reconciler writes status only when this result differs from the last."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shoal.api.spec import VLLMClusterSpec
+from shoal.api.status import (
+    CapacityStatus,
+    Condition,
+    MeasuredKV,
+    ReplicaState,
+    ReplicaStatus,
+    VLLMClusterStatus,
+)
+from shoal.api.validation import SpecError
+from shoal.controller.decide import Decision, Memory, Probes, group_complete
+from shoal.controller.engine import nodes_per_replica
+from shoal.controller.engine_metrics import KVPool
+from shoal.controller.names import ANNOTATION_PAUSED, leader_selector_text, router_name
+from shoal.controller.observe import Observed, ReplicaFacts
+from shoal.planner.from_spec import plan_spec
+
+
+@dataclass(frozen=True)
+class StatusInputs:
+    name: str
+    namespace: str
+    generation: int
+    spec: VLLMClusterSpec | None
+    errors: list[SpecError]
+    paused: bool
+    observed: Observed
+    decision: Decision
+    memory: Memory
+    probes: Probes
+    kv_pools: Mapping[str, KVPool]  # by leader pod uid
+    previous: Mapping[str, Any]  # the status as it is now
+    now: str  # RFC 3339
+
+
+def build_status(inputs: StatusInputs) -> dict[str, Any]:
+    spec, observed = inputs.spec, inputs.observed
+    nodes = nodes_per_replica(spec) if spec is not None else 1
+    wanted = spec.replicas if spec is not None else len(observed.replicas)
+    # A replica beyond spec.replicas is listed while its StatefulSets exist.
+    kept = {i for i, r in observed.replicas.items() if i < wanted or r.sets}
+    indices = sorted(kept | set(range(wanted)))
+    previous_replicas = {
+        entry.get("index"): entry for entry in inputs.previous.get("replicaStatuses") or []
+    }
+    replicas = [
+        _replica_status(inputs, observed.replica(i), wanted, nodes, previous_replicas.get(i, {}))
+        for i in indices
+    ]
+    warm = sum(1 for r in replicas if r.index < wanted and r.state == "Serving")
+    ready = sum(1 for i in range(wanted) if _engine_up(inputs, observed.replica(i), nodes))
+    # A paused cluster's new generation is not acted on yet.
+    observed_generation = inputs.generation
+    if inputs.paused and inputs.previous.get("observedGeneration") is not None:
+        observed_generation = int(inputs.previous["observedGeneration"])
+    status = VLLMClusterStatus(
+        observed_generation=observed_generation,
+        replicas=sum(1 for r in observed.replicas.values() if r.leader is not None),
+        ready_replicas=ready,
+        warm_replicas=warm,
+        selector=leader_selector_text(inputs.name),
+        endpoint=_endpoint(inputs),
+        conditions=_conditions(inputs, wanted=wanted, warm=warm, replicas=replicas),
+        capacity=_capacity(inputs, wanted),
+        replica_statuses=replicas,
+    )
+    return status.to_json()
+
+
+def _endpoint(inputs: StatusInputs) -> str | None:
+    if inputs.spec is None:
+        return None
+    service = f"{router_name(inputs.name)}.{inputs.namespace}.svc"
+    return f"http://{service}:{inputs.spec.router.service.port}"
+
+
+def _engine_up(inputs: StatusInputs, replica: ReplicaFacts, nodes: int) -> bool:
+    leader = replica.leader_pod
+    if leader is None or not group_complete(replica, nodes):
+        return False
+    if leader.ready or inputs.probes.healthy.get(leader.uid):
+        return True
+    # Held or draining leaders are out of rotation, their engines still up.
+    return leader.warmed == "False" and leader.containers_ready
+
+
+def _state(inputs: StatusInputs, replica: ReplicaFacts, wanted: int, nodes: int) -> ReplicaState:
+    index, leader = replica.index, replica.leader_pod
+    if index >= wanted:
+        return "Draining"
+    if replica.held:
+        return "Held"
+    members = replica.members
+    if any(p.failed or p.unschedulable for p in members):
+        return "Unhealthy"
+    terminating = any(p.terminating for p in replica.pods)
+    decision = inputs.decision
+    if index in decision.restarts or index in decision.replacing or terminating:
+        return "Restarting"
+    if index in inputs.memory.in_flight and (leader is None or not leader.ready):
+        return "Restarting"
+    if leader is not None and leader.ready and group_complete(replica, nodes):
+        return "Serving"
+    if leader is not None and inputs.probes.healthy.get(leader.uid):
+        return "Warming"
+    return "Starting"
+
+
+def _replica_status(
+    inputs: StatusInputs,
+    replica: ReplicaFacts,
+    wanted: int,
+    nodes: int,
+    previous: Mapping[str, Any],
+) -> ReplicaStatus:
+    members = replica.members
+    restarts = int(previous.get("restarts", 0))
+    reason = previous.get("lastRestartReason")
+    when = previous.get("lastRestartTime")
+    if replica.index in inputs.decision.restarts:
+        restarts += 1
+        reason = inputs.decision.restarts[replica.index]
+        when = inputs.now
+    return ReplicaStatus(
+        index=replica.index,
+        state=_state(inputs, replica, wanted, nodes),
+        pods=[p.name for p in members],
+        nodes=sorted({p.node for p in members if p.node}),
+        gpus=sum(p.gpus for p in members),
+        restarts=restarts,
+        last_restart_reason=reason,
+        last_restart_time=when,
+        warmup_hit_ratio=previous.get("warmupHitRatio"),
+    )
+
+
+def _capacity(inputs: StatusInputs, wanted: int) -> CapacityStatus | None:
+    if inputs.spec is None:
+        return None
+    plan = plan_spec(inputs.spec)
+    if plan is None:
+        return None
+    measured = []
+    for index in range(wanted):
+        leader = inputs.observed.replica(index).leader_pod
+        pool = inputs.kv_pools.get(leader.uid) if leader is not None else None
+        if pool is not None:
+            measured.append(
+                MeasuredKV(
+                    replica=index,
+                    kv_tokens=pool.tokens,
+                    block_size=pool.block_size,
+                    gpu_blocks=pool.gpu_blocks,
+                )
+            )
+    return CapacityStatus(**dict(plan), measured=measured)
+
+
+def _conditions(
+    inputs: StatusInputs, *, wanted: int, warm: int, replicas: list[ReplicaStatus]
+) -> list[Condition]:
+    previous = {c.get("type"): c for c in inputs.previous.get("conditions") or []}
+
+    def condition(kind: str, ok: bool, reason: str, message: str) -> Condition:
+        status = "True" if ok else "False"
+        before = previous.get(kind) or {}
+        since = before.get("lastTransitionTime") if before.get("status") == status else None
+        return Condition(
+            type=kind,
+            status=status,
+            observed_generation=inputs.generation,
+            last_transition_time=since or inputs.now,
+            reason=reason,
+            message=message,
+        )
+
+    return [
+        condition("Ready", *_ready(inputs, wanted, warm)),
+        condition("Progressing", *_progressing(inputs, wanted, replicas)),
+        condition("Degraded", *_degraded(inputs)),
+        _spec_valid(inputs, condition),
+    ]
+
+
+def _ready(inputs: StatusInputs, wanted: int, warm: int) -> tuple[bool, str, str]:
+    if wanted == 0:
+        return False, "NoReplicas", "spec.replicas is 0"
+    if warm < wanted:
+        return False, "ReplicasNotWarm", f"{warm} of {wanted} replicas are warm and Ready"
+    spec, router = inputs.spec, inputs.observed.router
+    if spec is not None and spec.router.replicas > 0 and (router is None or router.available < 1):
+        return False, "RouterUnavailable", "no router pod is available yet"
+    return True, "Serving", f"all {wanted} replicas are warm and Ready behind the router"
+
+
+def _progressing(
+    inputs: StatusInputs, wanted: int, replicas: list[ReplicaStatus]
+) -> tuple[bool, str, str]:
+    if inputs.paused:
+        return False, "Paused", f"reconciling is paused by the {ANNOTATION_PAUSED} annotation"
+    if inputs.errors:
+        return False, "InvalidSpec", "the spec is invalid (see SpecValid); the fleet is left as is"
+    states = {r.index: r.state for r in replicas}
+    draining = sorted(i for i, s in states.items() if s == "Draining")
+    missing = [i for i in range(wanted) if inputs.observed.replica(i).leader is None]
+    restarting = sorted(i for i, s in states.items() if s == "Restarting")
+    waiting = sorted(i for i, s in states.items() if i < wanted and s not in ("Serving", "Held"))
+    if draining:
+        return True, "ScalingDown", f"draining replicas {_list(draining)}"
+    if missing:
+        return True, "ScalingUp", f"creating replicas {_list(missing)}"
+    if inputs.decision.replacing or inputs.memory.in_flight:
+        busy = sorted(inputs.decision.replacing | set(inputs.memory.in_flight))
+        return True, "RollingOut", f"replacing replicas {_list(busy)}"
+    if restarting:
+        return True, "Restarting", f"restarting replicas {_list(restarting)}"
+    if waiting:
+        return True, "Starting", f"waiting for replicas {_list(waiting)} to become Ready"
+    return False, "Stable", f"all {wanted} replicas are up to date"
+
+
+def _degraded(inputs: StatusInputs) -> tuple[bool, str, str]:
+    for replica in sorted(inputs.observed.replicas.values(), key=lambda r: r.index):
+        for pod in replica.members:
+            if pod.unschedulable is not None:
+                return (
+                    True,
+                    "Unschedulable",
+                    f"pod {pod.name} cannot be scheduled: {pod.unschedulable}",
+                )
+            if pod.failed:
+                return True, "PodFailed", f"pod {pod.name} failed"
+    return False, "AsExpected", "no replica is failing"
+
+
+def _spec_valid(inputs: StatusInputs, condition: Any) -> Condition:
+    if inputs.errors:
+        message = "; ".join(str(error) for error in inputs.errors)
+        made: Condition = condition("SpecValid", False, "InvalidSpec", message)
+    else:
+        made = condition("SpecValid", True, "Valid", "the spec is valid")
+    return made
+
+
+def _list(indices: list[int]) -> str:
+    return ", ".join(str(i) for i in indices)
+
+
+def status_patch(previous: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch turning previous into status (top-level fields no longer
+    set become null), or None when nothing changed."""
+    if dict(previous) == dict(status):
+        return None
+    patch: dict[str, Any] = {key: None for key in previous if key not in status}
+    patch.update(status)
+    return patch

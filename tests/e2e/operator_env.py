@@ -1,0 +1,209 @@
+"""The operator under test, as a local process with the admin kubeconfig
+(the Helm chart's ServiceAccount takes over in a later issue), and helpers
+to read what it built."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from shoal.api.crd import CRD_NAME, CRD_PATHS
+from shoal_testbed.cluster import Testbed
+from tests.e2e.kube import get_json, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINE_IMAGE = "vllm/vllm-openai:v0.32.0"
+MODEL = "meta-llama/Llama-3.1-70B-Instruct"
+WARMED = "serving.shoal.dev/warmed"
+# Kinds the operator creates for a cluster, as kubectl names them.
+CHILD_KINDS = (
+    "statefulsets",
+    "pods",
+    "deployments",
+    "services",
+    "configmaps",
+    "serviceaccounts",
+    "roles",
+    "rolebindings",
+    "poddisruptionbudgets",
+)
+
+
+def install_crd(bed: Testbed) -> None:
+    """The chart's CRD, applied as a user would."""
+    bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / CRD_PATHS[1]))
+    bed.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+
+
+class Operator:
+    def __init__(self, process: subprocess.Popen[bytes], log: Path) -> None:
+        self.process = process
+        self.log = log
+
+    def wait_exit(self, timeout: float) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@contextmanager
+def operator(
+    bed: Testbed, log: Path, *, namespaces: Sequence[str], extra: Sequence[str] = ()
+) -> Iterator[Operator]:
+    argv = [sys.executable, "-m", "shoal.cli", "operator", "--log-level", "INFO"]
+    for pattern in namespaces:
+        argv += ["--namespace", pattern]
+    env = {**os.environ, "KUBECONFIG": str(bed.kubeconfig)}
+    with open(log, "ab") as out:
+        process = subprocess.Popen([*argv, *extra], stdout=out, stderr=subprocess.STDOUT, env=env)
+    running = Operator(process, log)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def cluster_manifest(
+    name: str,
+    *,
+    replicas: int = 2,
+    tensor: int = 4,
+    model: str = MODEL,
+    image: str = ENGINE_IMAGE,
+    time_scale: float = 50,
+    **spec: Any,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": {"name": model},
+        "image": image,
+        "replicas": replicas,
+        "parallelism": {"tensor": tensor},
+        "gpu": {"product": "NVIDIA-H100-80GB-HBM3"},
+        "engine": {"maxModelLen": 8192, "extraArgs": ["--sim-time-scale", str(time_scale)]},
+        **spec,
+    }
+    return {
+        "apiVersion": "serving.shoal.dev/v1alpha1",
+        "kind": "VLLMCluster",
+        "metadata": {"name": name},
+        "spec": body,
+    }
+
+
+def cluster(bed: Testbed, ns: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = get_json(bed, "vllmcluster", name, "-n", ns)
+    return found
+
+
+def printed_columns(bed: Testbed, ns: str, name: str) -> dict[str, str]:
+    """`kubectl get vllmclusters` as a user reads it: header -> value."""
+    header, row = bed.kubectl("get", "vllmclusters", name, "-n", ns).splitlines()[:2]
+    return dict(zip(header.split(), row.split(), strict=False))
+
+
+def wait_ready(bed: Testbed, ns: str, name: str, replicas: int, *, timeout: float = 120) -> None:
+    def ready() -> bool:
+        columns = printed_columns(bed, ns, name)
+        status = cluster(bed, ns, name).get("status", {})
+        conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
+        return (
+            columns.get("READY") == str(replicas)
+            and columns.get("WARM") == str(replicas)
+            and status.get("replicas") == replicas
+            and conditions.get("Ready") == "True"
+        )
+
+    wait_for(ready, what=f"{name} READY {replicas}", timeout=timeout, interval=0.5)
+
+
+def children(bed: Testbed, ns: str, name: str, kind: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = get_json(
+        bed, kind, "-n", ns, "-l", f"serving.shoal.dev/cluster={name}"
+    )["items"]
+    return items
+
+
+def names(items: list[dict[str, Any]]) -> list[str]:
+    return sorted(item["metadata"]["name"] for item in items)
+
+
+def leader_pods(bed: Testbed, ns: str, name: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in children(bed, ns, name, "pods")
+        if p["metadata"]["labels"].get("serving.shoal.dev/role") == "leader"
+    ]
+
+
+def condition_of(pod: dict[str, Any], kind: str) -> dict[str, Any]:
+    for found in pod.get("status", {}).get("conditions", []):
+        if found["type"] == kind:
+            return dict(found)
+    return {}
+
+
+def router_url(bed: Testbed, ns: str, name: str) -> str:
+    """The router pod's address (the pod runner runs `shoal router` there)."""
+
+    def ready_router() -> str | None:
+        for pod in children(bed, ns, name, "pods"):
+            labels = pod["metadata"]["labels"]
+            ip = pod.get("status", {}).get("podIP")
+            if labels.get("app.kubernetes.io/component") == "router" and ip:
+                url = f"http://{ip}:8000"
+                try:
+                    if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                        return url
+                except httpx.HTTPError:
+                    pass
+        return None
+
+    return wait_for(ready_router, what=f"{name}'s router answering /ready", timeout=60)
+
+
+def complete(url: str, prompt: str, *, max_tokens: int = 4) -> httpx.Response:
+    return httpx.post(
+        url + "/v1/completions",
+        json={"model": MODEL, "prompt": prompt, "max_tokens": max_tokens},
+        timeout=30,
+    )
+
+
+def events(bed: Testbed, ns: str, name: str) -> list[dict[str, Any]]:
+    raw = bed.kubectl(
+        "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}", "-o", "json"
+    )
+    items: list[dict[str, Any]] = json.loads(raw)["items"]
+    return items
+
+
+def delete_clusters(bed: Testbed, ns: str) -> None:
+    """Delete the namespace's VLLMClusters; with no operator left to remove its
+    finalizer (a test failed early), remove it, so the namespace can go."""
+    bed.kubectl("delete", "vllmclusters", "--all", "-n", ns, "--wait=false", check=False)
+    try:
+        wait_for(
+            lambda: not get_json(bed, "vllmclusters", "-n", ns)["items"],
+            what=f"VLLMClusters in {ns} deleted",
+            timeout=20,
+        )
+    except AssertionError:
+        for item in get_json(bed, "vllmclusters", "-n", ns)["items"]:
+            name = item["metadata"]["name"]
+            patch = json.dumps({"metadata": {"finalizers": None}})
+            bed.kubectl("patch", "vllmcluster", name, "-n", ns, "--type=merge", "-p", patch)
