@@ -84,10 +84,11 @@ def is_shoal_image(image: str) -> bool:
 
 def bind_to_pod_ip(args: list[str], pod_ip: str) -> list[str]:
     """A real pod binds 0.0.0.0 inside its own network namespace; here every
-    pod shares the host's, so `--host` is moved to the pod's own IP."""
+    pod shares the host's, so `--host` and any 0.0.0.0 address (e.g. the
+    operator's `--liveness=http://0.0.0.0:8080/healthz`) move to the pod's IP."""
     bound = []
     expect_value = False
-    for arg in args:
+    for arg in (a.replace("0.0.0.0", pod_ip) for a in args):
         if expect_value:
             bound.append(pod_ip)
             expect_value = False

@@ -113,3 +113,12 @@ def test_service_account_kubeconfig_uses_the_token_and_the_pods_namespace() -> N
     assert config["clusters"][0]["cluster"]["certificate-authority"] == "/pki/ca.crt"
     assert config["contexts"][0]["context"]["namespace"] == "ns"
     assert "client-certificate" not in str(config)
+
+
+def test_addresses_of_all_interfaces_move_to_the_pod_ip() -> None:
+    args = ["operator", "--liveness=http://0.0.0.0:8080/healthz", "--log-level=INFO"]
+    assert rules.bind_to_pod_ip(args, "127.7.1.2") == [
+        "operator",
+        "--liveness=http://127.7.1.2:8080/healthz",
+        "--log-level=INFO",
+    ]
