@@ -261,8 +261,12 @@ def test_tp16_replicas_are_two_node_groups_and_a_killed_worker_restarts_its_lead
     leader_uid = group["big-r0-0"]["metadata"]["uid"]
 
     testbed.kubectl("delete", "pod", "big-r0-w-1", "-n", ns, "--wait=true")
+    # Between the leader's deletion and its successor the pod may be missing.
     wait_for(
-        lambda: get_json(testbed, "pod", "big-r0-0", "-n", ns)["metadata"]["uid"] != leader_uid,
+        lambda: any(
+            p["metadata"]["name"] == "big-r0-0" and p["metadata"]["uid"] != leader_uid
+            for p in children(testbed, ns, "big", "pods")
+        ),
         what="the leader restarted with its worker",
         timeout=30,
     )

@@ -87,6 +87,11 @@ class ReplicaStatus(ApiModel):
     warmup_hit_ratio: float | None = Field(
         default=None, ge=0, description="Prefix-cache hit ratio its warm-up check measured."
     )
+    warmup: str | None = Field(
+        default=None,
+        max_length=2048,
+        description="Its last warm-up: verdict, prompts sent, hit ratio, duration.",
+    )
 
 
 class VLLMClusterStatus(ApiModel):

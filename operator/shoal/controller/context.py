@@ -12,8 +12,11 @@ from typing import Any
 
 from shoal.controller.decide import Event, Memory
 from shoal.controller.engine_metrics import KVPool
+from shoal.controller.healthloop import HealthChecks
+from shoal.controller.identity import ClusterRef
 from shoal.controller.kube import KubeApi
 from shoal.controller.probes import EngineProbe
+from shoal.controller.warming import Warmups
 
 ClusterKey = tuple[str, str]  # namespace, name
 PostEvent = Callable[[Any, Event], None]
@@ -45,6 +48,10 @@ class Wakeups:
         if event is not None:
             event.set()
 
+    def poke_all(self) -> None:
+        for event in self._events.values():
+            event.set()
+
     def forget(self, key: ClusterKey, event: asyncio.Event) -> None:
         # Only its own: a cluster deleted and made again under the same name
         # may already have registered a new one.
@@ -64,6 +71,7 @@ class ClusterState:
     static_checked_at: float | None = None  # monotonic
     last_error: str | None = None  # the spec's errors, last reported
     last_failure: str | None = None  # the last failed pass, last reported
+    nodes_unreadable: bool = False  # node-loss handling off (said once)
 
 
 @dataclass
@@ -73,11 +81,20 @@ class OperatorContext:
     kube: KubeApi = field(default_factory=KubeApi)
     probe: EngineProbe = field(default_factory=EngineProbe)
     wakeups: Wakeups = field(default_factory=Wakeups)
+    warmups: Warmups = field(default_factory=Warmups)
+    health: HealthChecks = field(default_factory=HealthChecks)
 
     def after_apply(self, name: str) -> None:
         if self.settings.exit_after_apply == name:
             os._exit(TEST_HOOK_EXIT_CODE)
 
+    def forget(self, ref: ClusterRef) -> None:
+        """Stop the background work of a cluster no longer watched."""
+        self.health.forget(ref)
+        self.warmups.forget(ref)
+
     async def close(self) -> None:
+        self.warmups.cancel_all()
+        await self.health.close()
         await self.kube.close()
         await self.probe.close()

@@ -4,7 +4,7 @@ kopf's settings. Thin: every handler calls `reconcile`, which does the work.
 - create / update / resume: a pass at once (the spec changed, or the
   operator (re)started), with kopf's retries on API errors;
 - a daemon per VLLMCluster: a pass whenever a child changes (pod, StatefulSet,
-  router Deployment events wake it), when a pass asked to look again soon
+  router Deployment events wake it) or a node turns NotReady, when a pass asked to look again soon
   (an engine not yet healthy, a drain), and every RESYNC_SECONDS otherwise;
 - handlers are registered on a registry of their own, not kopf's global one."""
 
@@ -20,6 +20,7 @@ import kopf
 from shoal.api import GROUP, PLURAL, VERSION
 from shoal.controller.context import ClusterState, OperatorContext
 from shoal.controller.decide import Event
+from shoal.controller.identity import ClusterRef
 from shoal.controller.kube import ApiError
 from shoal.controller.logs import cluster_logger
 from shoal.controller.names import DOMAIN, FINALIZER, LABEL_CLUSTER
@@ -95,6 +96,7 @@ async def cluster_daemon(
                 pass
     finally:
         ctx.wakeups.forget(key, wake)
+        ctx.forget(ClusterRef.of(body))
 
 
 async def child_changed(
@@ -103,6 +105,14 @@ async def child_changed(
     cluster = labels.get(LABEL_CLUSTER)
     if cluster and namespace:
         context_of(memo).wakeups.poke((namespace, cluster))
+
+
+async def node_changed(status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:
+    """A node not Ready: every cluster looks (its pods may need to move once
+    the node has been lost for spec.health.nodeLossSeconds)."""
+    ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+    if ready and ready[0].get("status") != "True":
+        context_of(memo).wakeups.poke_all()
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -127,6 +137,7 @@ def build_registry() -> kopf.OperatorRegistry:
         kopf.on.event(*child, id=f"wake-{child[-1]}", labels=children, registry=registry)(
             child_changed
         )
+    kopf.on.event("v1", "nodes", id="wake-nodes", registry=registry)(node_changed)
     kopf.on.login(registry=registry)(login)
     kopf.on.cleanup(registry=registry)(cleanup)
     return registry

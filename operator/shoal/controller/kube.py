@@ -137,6 +137,11 @@ class KubeApi:
             raise
         return found
 
+    async def list_nodes(self) -> list[Manifest]:
+        listing = await self.request("GET", "/api/v1/nodes")
+        items: list[Manifest] = listing.get("items", [])
+        return items
+
     async def list(
         self, api_version: str, kind: str, namespace: str, selector: str
     ) -> list[Manifest]:
@@ -170,10 +175,20 @@ class KubeApi:
         return patched
 
     async def delete(
-        self, api_version: str, kind: str, namespace: str, name: str, *, uid: str | None = None
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        *,
+        uid: str | None = None,
+        grace_seconds: int | None = None,
     ) -> bool:
-        """Delete (only the object with that uid, when given); False if already gone."""
+        """Delete (only the object with that uid, when given); False if already gone.
+        grace_seconds 0 force-deletes a pod (its node is gone and cannot confirm)."""
         body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
         if uid is not None:
             body["preconditions"] = {"uid": uid}
         try:

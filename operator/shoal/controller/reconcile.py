@@ -1,8 +1,10 @@
 """One reconciliation pass of one cluster: read, decide, act, report.
 
 The I/O around the pure parts: list the cluster's StatefulSets and pods,
-ask engines what decisions need, carry out the decision (server-side apply,
-deletes, pod conditions), post Events, and write status when it changed.
+ask engines what decisions need (and read what the background warm-ups and
+health loop found), carry out the decision (server-side apply, deletes, pod
+conditions), start the warm-ups it asks for, post Events, and write status
+when it changed.
 Objects whose recorded manifest hash matches are not written, and status is
 compared before it is written, so a pass over an idle fleet writes nothing."""
 
@@ -20,10 +22,23 @@ from shoal.api import API_VERSION, KIND
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.validation import SpecError, parse_cluster, validate_spec
 from shoal.controller.context import ClusterState, OperatorContext
-from shoal.controller.decide import Decision, Desired, Event, Probes, decide, probe_targets
+from shoal.controller.decide import (
+    Decision,
+    Desired,
+    Event,
+    HealPolicy,
+    Probes,
+    decide,
+    health_targets,
+    lose_nodes,
+    node_not_ready_since,
+    probe_targets,
+)
 from shoal.controller.desired import DesiredFleet, desired_fleet, manifest_hash
-from shoal.controller.engine import nodes_per_replica
+from shoal.controller.engine import nodes_per_replica, served_model_name
+from shoal.controller.healthloop import Target
 from shoal.controller.identity import ClusterRef, Manifest
+from shoal.controller.kube import ApiError
 from shoal.controller.logs import cluster_logger
 from shoal.controller.names import (
     ANNOTATION_GROUP,
@@ -36,10 +51,23 @@ from shoal.controller.names import (
 )
 from shoal.controller.observe import Observed, observe
 from shoal.controller.status import StatusInputs, build_status, status_patch
+from shoal.controller.warming import warmup_policy
 
 # Objects other than the engines and the router Deployment (Services, RBAC,
 # ConfigMap, PDB) are compared with the live ones on start and this often.
 STATIC_CHECK_SECONDS = 600.0
+
+_log = logging.getLogger(__name__)
+
+
+def heal_policy(spec: VLLMClusterSpec) -> HealPolicy:
+    health = spec.health
+    return HealPolicy(
+        backoff_initial_seconds=float(health.restart_backoff.initial_seconds),
+        backoff_max_seconds=float(health.restart_backoff.max_seconds),
+        max_restarts=health.restart_budget.max_restarts,
+        window_seconds=float(health.restart_budget.window_seconds),
+    )
 
 
 def now_text() -> str:
@@ -93,11 +121,13 @@ async def _reconcile(
             # A request the router still waits for ends by the router's total deadline.
             drain_deadline_seconds=float(spec.router.timeouts.total_seconds),
             warmup_enabled=spec.warmup.enabled,
+            warmup=warmup_policy(spec),
+            heal=heal_policy(spec),
         )
     if paused:
         decision, probes = Decision(memory=state.memory), Probes()
     else:
-        probes = await _probe(ctx, state, observed, spec if valid else None)
+        probes = await _probe(ctx, ref, state, observed, spec if valid else None)
         decision = decide(
             desired=desired,
             observed=observed,
@@ -105,7 +135,21 @@ async def _reconcile(
             memory=state.memory,
             now=time.monotonic(),
         )
+        if valid and spec is not None:
+            lost = await _nodes_not_ready(ctx, state, observed)
+            lose_nodes(
+                decision,
+                observed,
+                lost,
+                now=time.time(),
+                loss_seconds=float(spec.health.node_loss_seconds),
+            )
         await _act(ctx, body, ref, state, decision, fleet, observed)
+        if valid and spec is not None:
+            for pod in decision.warm:
+                ctx.warmups.start(
+                    ctx.kube, ref, spec, pod, lambda: ctx.wakeups.poke((ref.namespace, ref.name))
+                )
     state.memory = decision.memory
     _report_spec(ctx, body, state, errors)
     # Our last write is fresher than the body while the watch catches up.
@@ -151,7 +195,11 @@ async def _observe(ctx: OperatorContext, ref: ClusterRef, spec: VLLMClusterSpec 
 
 
 async def _probe(
-    ctx: OperatorContext, state: ClusterState, observed: Observed, spec: VLLMClusterSpec | None
+    ctx: OperatorContext,
+    ref: ClusterRef,
+    state: ClusterState,
+    observed: Observed,
+    spec: VLLMClusterSpec | None,
 ) -> Probes:
     wanted = set(range(spec.replicas)) if spec is not None else set(observed.replicas)
     nodes = nodes_per_replica(spec) if spec is not None else None
@@ -167,7 +215,43 @@ async def _probe(
     for uid, found in scraped.items():
         if found is not None and found.kv_pool is not None:
             state.kv_pools[uid] = found.kv_pool
-    return Probes(healthy=healthy, metrics=scraped)
+    assessed = {}
+    if spec is not None:
+        assert nodes is not None
+        targets = {
+            pod.uid: Target(pod.ip or "", served_model_name(spec))
+            for pod in health_targets(observed, wanted=wanted, nodes=nodes, sick=state.memory.sick)
+            if pod.ip
+        }
+        assessed = ctx.health.update(
+            ref, spec.health, targets, lambda: ctx.wakeups.poke((ref.namespace, ref.name))
+        )
+    return Probes(
+        healthy=healthy,
+        metrics=scraped,
+        warmups=ctx.warmups.outcomes(ref, live),
+        health=assessed,
+    )
+
+
+async def _nodes_not_ready(
+    ctx: OperatorContext, state: ClusterState, observed: Observed
+) -> dict[str, float]:
+    """NotReady nodes holding the cluster's pods; none if nodes cannot be read
+    (say, RBAC without nodes: node-loss handling is then off, said once)."""
+    used = {p.node for r in observed.replicas.values() for p in r.pods if p.node}
+    if not used:
+        return {}
+    try:
+        nodes = await ctx.kube.list_nodes()
+    except ApiError as error:
+        if not state.nodes_unreadable:
+            _log.warning("cannot read nodes, node-loss handling is off: %s", error)
+        state.nodes_unreadable = True
+        return {}
+    state.nodes_unreadable = False
+    lost = node_not_ready_since(nodes)
+    return {name: since for name, since in lost.items() if name in used}
 
 
 async def _apply(ctx: OperatorContext, ref: ClusterRef, manifest: Manifest) -> None:
@@ -220,18 +304,7 @@ async def _act(
             router = observed.router
             if router is None or router.spec_hash != manifest_hash(manifest):
                 await _apply(ctx, ref, manifest)
-    for statefulset in decision.delete_sets:
-        await ctx.kube.delete(
-            "apps/v1", "StatefulSet", ref.namespace, statefulset.name, uid=statefulset.uid
-        )
-        cluster_logger(ref.namespace, ref.name, replica=statefulset.replica).info(
-            "deleted StatefulSet %s", statefulset.name
-        )
-    for pod in decision.delete_pods:
-        await ctx.kube.delete("v1", "Pod", ref.namespace, pod.name, uid=pod.uid)
-        cluster_logger(ref.namespace, ref.name, replica=pod.replica, pod=pod.name).info(
-            "deleted pod"
-        )
+    # Out of rotation first (a restart stops traffic before its pods go).
     for gate in decision.gates:
         condition = {
             "type": CONDITION_WARMED,
@@ -251,6 +324,23 @@ async def _act(
         )
         cluster_logger(ref.namespace, ref.name, replica=gate.pod.replica, pod=gate.pod.name).info(
             "set %s=%s (%s)", CONDITION_WARMED, condition["status"], gate.reason
+        )
+    for statefulset in decision.delete_sets:
+        await ctx.kube.delete(
+            "apps/v1", "StatefulSet", ref.namespace, statefulset.name, uid=statefulset.uid
+        )
+        cluster_logger(ref.namespace, ref.name, replica=statefulset.replica).info(
+            "deleted StatefulSet %s", statefulset.name
+        )
+    for pod in decision.force_delete:
+        await ctx.kube.delete("v1", "Pod", ref.namespace, pod.name, uid=pod.uid, grace_seconds=0)
+        cluster_logger(ref.namespace, ref.name, replica=pod.replica, pod=pod.name).warning(
+            "force-deleted pod on lost node %s", pod.node
+        )
+    for pod in decision.delete_pods:
+        await ctx.kube.delete("v1", "Pod", ref.namespace, pod.name, uid=pod.uid)
+        cluster_logger(ref.namespace, ref.name, replica=pod.replica, pod=pod.name).info(
+            "deleted pod"
         )
     for pod, token in decision.stamps:
         await ctx.kube.patch(

@@ -104,6 +104,8 @@ def _state(inputs: StatusInputs, replica: ReplicaFacts, wanted: int, nodes: int)
     members = replica.members
     if any(p.failed or p.unschedulable for p in members):
         return "Unhealthy"
+    if index in inputs.decision.unhealthy:
+        return "Unhealthy"  # out of rotation for its health, not being restarted now
     terminating = any(p.terminating for p in replica.pods)
     decision = inputs.decision
     if index in decision.restarts or index in decision.replacing or terminating:
@@ -112,6 +114,11 @@ def _state(inputs: StatusInputs, replica: ReplicaFacts, wanted: int, nodes: int)
         return "Restarting"
     if leader is not None and leader.ready and group_complete(replica, nodes):
         return "Serving"
+    outcome = inputs.probes.warmups.get(leader.uid) if leader is not None else None
+    if outcome is not None and outcome.failed and leader is not None and leader.warmed == "False":
+        return "Held"  # its warm-up did not verify and onTimeout is Hold
+    if outcome is not None and outcome.running:
+        return "Warming"
     if leader is not None and inputs.probes.healthy.get(leader.uid):
         return "Warming"
     return "Starting"
@@ -132,6 +139,12 @@ def _replica_status(
         restarts += 1
         reason = inputs.decision.restarts[replica.index]
         when = inputs.now
+    ratio, warmup = previous.get("warmupHitRatio"), previous.get("warmup")
+    leader = replica.leader_pod
+    outcome = inputs.probes.warmups.get(leader.uid) if leader is not None else None
+    if outcome is not None and not outcome.running:
+        ratio = None if outcome.hit_ratio is None else round(outcome.hit_ratio, 3)
+        warmup = outcome.message[:2048]
     return ReplicaStatus(
         index=replica.index,
         state=_state(inputs, replica, wanted, nodes),
@@ -141,7 +154,8 @@ def _replica_status(
         restarts=restarts,
         last_restart_reason=reason,
         last_restart_time=when,
-        warmup_hit_ratio=previous.get("warmupHitRatio"),
+        warmup_hit_ratio=ratio,
+        warmup=warmup,
     )
 
 
@@ -231,6 +245,8 @@ def _progressing(
 
 
 def _degraded(inputs: StatusInputs) -> tuple[bool, str, str]:
+    if inputs.decision.degraded is not None:
+        return True, *inputs.decision.degraded
     for replica in sorted(inputs.observed.replicas.values(), key=lambda r: r.index):
         for pod in replica.members:
             if pod.unschedulable is not None:

@@ -1,0 +1,185 @@
+"""Warm-up of leader engines, in the background: one task per leader pod uid
+(a restarted pod is a new uid and warms again), at most WARMUP_CONCURRENCY at
+once for the operator, never awaited by a reconciliation pass. A pass reads
+the tasks' state (`outcomes`) and starts the ones its decision asks for."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import aiohttp
+import yaml
+
+from shoal.api.spec import VLLMClusterSpec, WarmupPrompt
+from shoal.controller.decide import WarmupOutcome, WarmupPolicy
+from shoal.controller.engine import served_model_name
+from shoal.controller.identity import ClusterRef
+from shoal.controller.kube import KubeApi
+from shoal.controller.names import router_selector, selector_text
+from shoal.controller.observe import PodFacts
+from shoal.controller.probes import engine_url
+from shoal.router.config import HotPrefixes
+from shoal.warmup.prompts import Prompt, combine, from_object
+from shoal.warmup.runner import Verdict, warm
+
+log = logging.getLogger(__name__)
+
+# Warm-ups running at once, over every cluster of the operator.
+WARMUP_CONCURRENCY = 8
+HOT_PREFIXES_TIMEOUT_SECONDS = 3.0
+
+
+def warmup_policy(spec: VLLMClusterSpec) -> WarmupPolicy | None:
+    """None when there is nothing to run: disabled, or no prompt source set."""
+    warmup = spec.warmup
+    if not warmup.enabled:
+        return None
+    if not (warmup.prompts or warmup.config_map is not None or warmup.hot_prefixes):
+        return None
+    return WarmupPolicy(on_timeout=warmup.on_timeout, timeout_seconds=warmup.timeout_seconds)
+
+
+def inline_prompts(prompts: Iterable[WarmupPrompt]) -> list[Prompt]:
+    out = []
+    for prompt in prompts:
+        if prompt.messages:
+            out.append(Prompt(messages=tuple((m.role, m.content) for m in prompt.messages)))
+        elif prompt.text:
+            out.append(Prompt(text=prompt.text))
+    return out
+
+
+def config_map_prompts(content: str) -> list[Prompt]:
+    """A YAML list of prompts ({text: ...}, {messages: [...]} or plain strings)."""
+    items = yaml.safe_load(content) or []
+    if not isinstance(items, list):
+        raise ValueError("the ConfigMap key must hold a YAML list of prompts")
+    return [from_object(item) for item in items]
+
+
+def hot_prefix_prompts(answer: Any) -> list[Prompt]:
+    prefixes = answer.get("prefixes") if isinstance(answer, dict) else None
+    return [
+        Prompt(text=str(p["prompt"]))
+        for p in prefixes or []
+        if isinstance(p, dict) and isinstance(p.get("prompt"), str)
+    ]
+
+
+class Warmups:
+    """The operator's warm-up tasks, by cluster and leader pod uid."""
+
+    def __init__(self, *, concurrency: int = WARMUP_CONCURRENCY) -> None:
+        self._limit = asyncio.Semaphore(concurrency)
+        self._tasks: dict[ClusterRef, dict[str, asyncio.Task[WarmupOutcome]]] = {}
+
+    def outcomes(self, ref: ClusterRef, live: set[str]) -> dict[str, WarmupOutcome]:
+        """State of the cluster's warm-ups of live pods; those of gone pods are dropped."""
+        tasks = self._tasks.setdefault(ref, {})
+        for uid in [u for u in tasks if u not in live]:
+            tasks.pop(uid).cancel()
+        found = {}
+        for uid, task in tasks.items():
+            if not task.done():
+                found[uid] = WarmupOutcome(running=True)
+            elif task.cancelled():
+                found[uid] = WarmupOutcome(running=False, verdict=str(Verdict.UNREACHABLE))
+            else:
+                found[uid] = task.result()
+        return found
+
+    def start(
+        self,
+        kube: KubeApi,
+        ref: ClusterRef,
+        spec: VLLMClusterSpec,
+        pod: PodFacts,
+        done: Callable[[], None],
+    ) -> None:
+        tasks = self._tasks.setdefault(ref, {})
+        if pod.uid in tasks:
+            return
+        task = asyncio.create_task(self._run(kube, ref, spec, pod))
+        task.add_done_callback(lambda _: done())
+        tasks[pod.uid] = task
+
+    def forget(self, ref: ClusterRef) -> None:
+        for task in self._tasks.pop(ref, {}).values():
+            task.cancel()
+
+    def cancel_all(self) -> None:
+        for tasks in self._tasks.values():
+            for task in tasks.values():
+                task.cancel()
+        self._tasks.clear()
+
+    async def _run(
+        self, kube: KubeApi, ref: ClusterRef, spec: VLLMClusterSpec, pod: PodFacts
+    ) -> WarmupOutcome:
+        warmup = spec.warmup
+        async with self._limit:
+            try:
+                prompts = await _prompts(kube, ref, spec)
+            except Exception as error:
+                message = f"could not read warm-up prompts: {error}"
+                return WarmupOutcome(
+                    running=False, verdict=str(Verdict.UNREACHABLE), message=message
+                )
+            if not prompts:
+                return WarmupOutcome(
+                    running=False,
+                    verdict=str(Verdict.NOTHING_TO_VERIFY),
+                    message="no warm-up prompt was found in any source",
+                )
+            result = await warm(
+                engine_url(pod.ip or "", ""),
+                prompts,
+                model=served_model_name(spec),
+                min_hit_ratio=warmup.min_hit_ratio,
+                timeout_seconds=float(warmup.timeout_seconds),
+                concurrency=warmup.concurrency,
+            )
+        log.info("warm-up of %s/%s: %s", ref.namespace, pod.name, result.message)
+        return WarmupOutcome(
+            running=False,
+            verdict=str(result.verdict),
+            prompts_sent=result.prompts_sent,
+            hit_ratio=result.hit_ratio,
+            duration_seconds=result.duration_seconds,
+            message=result.message,
+        )
+
+
+async def _prompts(kube: KubeApi, ref: ClusterRef, spec: VLLMClusterSpec) -> list[Prompt]:
+    warmup = spec.warmup
+    sources: list[list[Prompt]] = [inline_prompts(warmup.prompts)]
+    if warmup.config_map is not None:
+        found = await kube.get("v1", "ConfigMap", ref.namespace, warmup.config_map.name)
+        content = ((found or {}).get("data") or {}).get(warmup.config_map.key)
+        if content:
+            sources.append(config_map_prompts(content))
+    if warmup.hot_prefixes and spec.router.hot_prefixes.enabled:
+        sources.append(await _hot_prefixes(kube, ref))
+    return combine(sources, max_prompts=warmup.max_prompts)
+
+
+async def _hot_prefixes(kube: KubeApi, ref: ClusterRef) -> list[Prompt]:
+    """The first router pod that answers; none when no router is reachable."""
+    pods = await kube.list("v1", "Pod", ref.namespace, selector_text(router_selector(ref.name)))
+    timeout = aiohttp.ClientTimeout(total=HOT_PREFIXES_TIMEOUT_SECONDS)
+    port = HotPrefixes().port
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for pod in pods:
+            ip = (pod.get("status") or {}).get("podIP")
+            if not ip:
+                continue
+            try:
+                async with session.get(engine_url(ip, "/hot-prefixes", port=port)) as answer:
+                    if answer.status == 200:
+                        return hot_prefix_prompts(await answer.json())
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                continue
+    return []

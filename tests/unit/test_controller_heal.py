@@ -1,0 +1,211 @@
+"""Self-healing decisions: an unhealthy leader goes out of rotation and its
+whole group is restarted; backoff between restarts of one replica; past the
+restart budget it stays out, unrestarted, and the cluster is Degraded; at
+most maxUnavailable down at once; two or more replicas failing at once on
+connection-level errors restart none; a fleet of one is still healed; pods on
+a lost node are force-deleted."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from shoal.controller.decide import (
+    Decision,
+    Desired,
+    HealPolicy,
+    Memory,
+    Probes,
+    decide,
+    health_targets,
+    lose_nodes,
+    node_not_ready_since,
+    restart_wait,
+)
+from shoal.controller.observe import Observed, ReplicaFacts
+from shoal.health.assess import Assessment, Reason
+from tests.unit.test_controller_decide import NOW, desired_for, pod_for, serving, set_for
+
+POLICY = HealPolicy(
+    backoff_initial_seconds=10, backoff_max_seconds=60, max_restarts=3, window_seconds=600
+)
+HUNG = Assessment(
+    Reason.HUNG, "canary timed out and no token was generated meanwhile", 3, True, False
+)
+REFUSED = Assessment(Reason.DEAD, "/health refused", 3, True, True)
+ONCE = Assessment(Reason.HUNG, "canary timed out", 1, False, False)
+OK = Assessment(Reason.HEALTHY, "passed", 0, False, False)
+
+
+def healing(replicas: int, *, max_unavailable: int = 1, tensor: int = 4) -> Desired:
+    desired = desired_for(replicas, max_unavailable=max_unavailable, tensor=tensor)
+    return replace(desired, heal=POLICY)
+
+
+def run(
+    desired: Desired,
+    observed: Observed,
+    memory: Memory | None = None,
+    now: float = NOW,
+    **health: Assessment,
+) -> Decision:
+    probes = Probes(health={f"uid-c-r{k[1:]}-0": v for k, v in health.items()})
+    return decide(
+        desired=desired, observed=observed, probes=probes, memory=memory or Memory(), now=now
+    )
+
+
+def test_an_unhealthy_leader_goes_out_of_rotation_and_its_group_restarts() -> None:
+    desired = healing(2)
+    decision = run(desired, serving(range(2), desired), r1=HUNG)
+    [gate] = decision.gates
+    assert (gate.pod.name, gate.status, gate.reason) == ("c-r1-0", False, "EngineHung")
+    assert [p.name for p in decision.delete_pods] == ["c-r1-0"]
+    assert decision.restarts[1].startswith("EngineHung")
+    assert [e.reason for e in decision.events] == ["ReplicaRestarted"]
+    assert decision.memory.restart_times == {1: (NOW,)}
+
+
+def test_failures_below_the_threshold_and_healthy_replicas_are_left_alone() -> None:
+    desired = healing(2)
+    decision = run(desired, serving(range(2), desired), r0=OK, r1=ONCE)
+    assert not decision.gates and not decision.delete_pods and not decision.restarts
+
+
+def test_a_fleet_of_one_is_healed_even_on_connection_errors() -> None:
+    desired = healing(1)
+    decision = run(desired, serving(range(1), desired), r0=REFUSED)
+    assert [p.name for p in decision.delete_pods] == ["c-r0-0"]
+
+
+def test_a_multi_node_group_restarts_whole() -> None:
+    desired = healing(1, tensor=16)
+    pods = [pod_for(0), pod_for(0, role="worker", rank=0)]
+    replica = ReplicaFacts(
+        index=0,
+        leader=set_for(0, desired),
+        worker=set_for(0, desired, role="worker"),
+        pods=pods,
+    )
+    decision = run(desired, Observed(replicas={0: replica}, router=None), r0=HUNG)
+    assert sorted(p.name for p in decision.delete_pods) == ["c-r0-0", "c-r0-w-0"]
+
+
+def test_backoff_doubles_between_restarts_of_one_replica_up_to_its_maximum() -> None:
+    assert restart_wait((), POLICY, NOW) == 0
+    assert restart_wait((NOW - 4,), POLICY, NOW) == 6  # 10s after the first
+    assert restart_wait((NOW - 30, NOW - 4), POLICY, NOW) == 16  # 20s after the second
+    long = replace(POLICY, max_restarts=10)
+    assert restart_wait(tuple(NOW - 500 + i for i in range(6)), long, NOW) == 0  # 60s cap
+    desired = healing(2)
+    waiting = Memory(restart_times={1: (NOW - 4,)})
+    decision = run(desired, serving(range(2), desired), waiting, r1=HUNG)
+    assert not decision.delete_pods
+    assert [g.status for g in decision.gates] == [False]  # out of rotation meanwhile
+    assert decision.requeue_seconds == 6
+    later = run(desired, serving(range(2), desired), decision.memory, NOW + 6, r1=HUNG)
+    assert [p.name for p in later.delete_pods] == ["c-r1-0"]
+
+
+def test_past_the_restart_budget_the_replica_stays_out_unrestarted_and_degraded() -> None:
+    desired = healing(2)
+    spent = Memory(restart_times={1: (NOW - 300, NOW - 200, NOW - 100)})
+    decision = run(desired, serving(range(2), desired), spent, r1=HUNG)
+    assert not decision.delete_pods and not decision.restarts
+    assert [(g.pod.name, g.status) for g in decision.gates] == [("c-r1-0", False)]
+    assert decision.degraded is not None and decision.degraded[0] == "RestartBudgetExhausted"
+    assert [e.reason for e in decision.events] == ["RestartBudgetExhausted"]
+    # Out of rotation for good: the admission path does not take it back.
+    observed = serving(range(2), desired)
+    observed.replicas[1].pods[0] = replace(observed.replicas[1].pods[0], warmed="False")
+    again = run(desired, observed, decision.memory, NOW + 1, r1=HUNG)
+    assert not again.gates and not again.delete_pods and not again.events
+    assert again.degraded is not None
+    # Outside the window the budget is back.
+    fresh = run(desired, serving(range(2), desired), spent, NOW + 1000, r1=HUNG)
+    assert [p.name for p in fresh.delete_pods] == ["c-r1-0"]
+
+
+def test_at_most_max_unavailable_replicas_restart_at_once() -> None:
+    desired = healing(3, max_unavailable=1)
+    decision = run(desired, serving(range(3), desired), r0=HUNG, r2=HUNG)
+    assert [p.name for p in decision.delete_pods] == ["c-r0-0"]
+    # Both are out of rotation; r2 waits for r0 to come back.
+    assert sorted((g.pod.name, g.status) for g in decision.gates) == [
+        ("c-r0-0", False),
+        ("c-r2-0", False),
+    ]
+    assert 2 in decision.unhealthy
+    wider = run(healing(3, max_unavailable=2), serving(range(3), desired), r0=HUNG, r2=HUNG)
+    assert sorted(p.name for p in wider.delete_pods) == ["c-r0-0", "c-r2-0"]
+
+
+def test_a_replica_already_down_counts_against_max_unavailable() -> None:
+    desired = healing(2, max_unavailable=1)
+    observed = serving(range(2), desired)
+    observed.replicas[0].pods[0] = replace(observed.replicas[0].pods[0], ready=False)
+    decision = run(desired, observed, r1=HUNG)
+    assert not decision.delete_pods
+
+
+def test_many_replicas_failing_at_once_on_connection_errors_restart_none() -> None:
+    desired = healing(3, max_unavailable=3)
+    decision = run(desired, serving(range(3), desired), r0=REFUSED, r1=REFUSED, r2=OK)
+    assert not decision.delete_pods and not decision.gates and not decision.restarts
+    assert decision.degraded is not None and decision.degraded[0] == "ManyReplicasUnreachable"
+    # Hung (answering, not connection-level) replicas are still healed.
+    hung = run(desired, serving(range(3), desired), r0=HUNG, r1=HUNG)
+    assert sorted(p.name for p in hung.delete_pods) == ["c-r0-0", "c-r1-0"]
+
+
+def test_a_replica_out_of_rotation_that_recovers_is_admitted_again() -> None:
+    desired = healing(2)
+    observed = serving(range(2), desired)
+    observed.replicas[1].pods[0] = replace(
+        observed.replicas[1].pods[0], warmed="False", ready=False
+    )
+    memory = Memory(sick=frozenset({1}), restart_times={1: (NOW - 4,)})
+    probes = Probes(healthy={"uid-c-r1-0": True}, health={"uid-c-r1-0": OK})
+    decision = decide(desired=desired, observed=observed, probes=probes, memory=memory, now=NOW)
+    assert [(g.pod.name, g.status) for g in decision.gates] == [("c-r1-0", True)]
+    assert decision.memory.sick == frozenset()
+
+
+def test_without_a_heal_policy_nothing_is_restarted() -> None:
+    desired = desired_for(2)
+    decision = run(desired, serving(range(2), desired), r1=HUNG)
+    assert not decision.delete_pods and not decision.gates
+
+
+def test_health_checks_admitted_leaders_and_those_out_for_health_only() -> None:
+    desired = healing(3)
+    observed = serving(range(3), desired)
+    observed.replicas[1].pods[0] = replace(observed.replicas[1].pods[0], warmed=None)
+    observed.replicas[2].pods[0] = replace(observed.replicas[2].pods[0], warmed="False")
+    names = [p.name for p in health_targets(observed, wanted={0, 1, 2}, nodes=1, sick=frozenset())]
+    assert names == ["c-r0-0"]  # r1 warming, r2 out for another reason
+    names = [
+        p.name for p in health_targets(observed, wanted={0, 1, 2}, nodes=1, sick=frozenset({2}))
+    ]
+    assert names == ["c-r0-0", "c-r2-0"]
+
+
+def _node(name: str, ready: str, since: str) -> dict[str, object]:
+    condition = {"type": "Ready", "status": ready, "lastTransitionTime": since}
+    return {"metadata": {"name": name}, "status": {"conditions": [condition]}}
+
+
+def test_pods_on_a_node_not_ready_past_node_loss_seconds_are_force_deleted() -> None:
+    nodes = [
+        _node("node-0-0", "True", "2026-01-01T00:00:00Z"),
+        _node("node-1-0", "Unknown", "2026-01-01T00:00:00Z"),
+        _node("node-2-0", "False", "2026-01-01T00:04:50Z"),
+    ]
+    lost = node_not_ready_since(nodes)
+    assert set(lost) == {"node-1-0", "node-2-0"}
+    desired = desired_for(3)
+    decision = Decision()
+    now = lost["node-1-0"] + 300  # node-1-0 lost 300s ago, node-2-0 only 10s ago
+    lose_nodes(decision, serving(range(3), desired), lost, now=now, loss_seconds=60)
+    assert [p.name for p in decision.force_delete] == ["c-r1-0"]
+    assert [e.reason for e in decision.events] == ["NodeLost"]
+    assert decision.requeue_seconds == 50  # a look again when node-2-0 counts as lost

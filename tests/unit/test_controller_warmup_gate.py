@@ -1,0 +1,213 @@
+"""Warm-up gating decisions: a healthy leader is admitted only once its
+warm-up verified it warm; a warm-up that did not verify admits or holds it
+per onTimeout with a Warning; a new pod uid starts warm-up over; no prompt
+source keeps the old admit-on-/health behaviour. Plus where the prompts come
+from (inline, ConfigMap YAML, router hot prefixes) and the status a user reads."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from shoal.controller.decide import (
+    Desired,
+    Memory,
+    Probes,
+    WarmupOutcome,
+    WarmupPolicy,
+    decide,
+)
+from shoal.controller.observe import Observed, ReplicaFacts
+from shoal.controller.status import StatusInputs, build_status
+from shoal.controller.warming import (
+    config_map_prompts,
+    hot_prefix_prompts,
+    inline_prompts,
+    warmup_policy,
+)
+from shoal.warmup.prompts import Prompt
+from tests.unit.controller_samples import spec_of
+from tests.unit.test_controller_decide import NOW, desired_for, pod_for, set_for
+
+WARM = WarmupOutcome(
+    running=False,
+    verdict="Warm",
+    prompts_sent=12,
+    hit_ratio=0.97,
+    duration_seconds=1.5,
+    message="Warm: 12 prompts sent in 1 round(s), hit ratio 0.97, 1.5s",
+)
+TIMED_OUT = WarmupOutcome(
+    running=False, verdict="Timeout", prompts_sent=3, message="Timeout: deadline of 5s passed"
+)
+
+
+def gated(on_timeout: str = "Admit") -> Desired:
+    desired = desired_for(1)
+    return replace(
+        desired,
+        warmup_enabled=True,
+        warmup=WarmupPolicy(on_timeout=on_timeout, timeout_seconds=5),
+    )
+
+
+def new_leader(desired: Desired, **changes: object) -> Observed:
+    pod = pod_for(0, **{"ready": False, "warmed": None, **changes})
+    replica = ReplicaFacts(index=0, leader=set_for(0, desired), pods=[pod])
+    return Observed(replicas={0: replica}, router=None)
+
+
+def run(desired: Desired, observed: Observed, **warmups: WarmupOutcome) -> object:
+    probes = Probes(healthy={"uid-c-r0-0": True}, warmups=warmups)
+    return decide(desired=desired, observed=observed, probes=probes, memory=Memory(), now=NOW)
+
+
+def test_a_healthy_leader_is_not_admitted_but_warmed_first() -> None:
+    desired = gated()
+    decision = run(desired, new_leader(desired))
+    assert not decision.gates  # type: ignore[attr-defined]
+    assert [p.name for p in decision.warm] == ["c-r0-0"]  # type: ignore[attr-defined]
+    assert decision.requeue_seconds is not None  # type: ignore[attr-defined]
+
+
+def test_a_running_warm_up_is_not_started_again_and_admits_nothing() -> None:
+    desired = gated()
+    decision = run(desired, new_leader(desired), **{"uid-c-r0-0": WarmupOutcome(running=True)})
+    assert not decision.gates and not decision.warm  # type: ignore[attr-defined]
+
+
+def test_a_verified_warm_up_admits_with_reason_warmed_and_its_numbers() -> None:
+    desired = gated()
+    decision = run(desired, new_leader(desired), **{"uid-c-r0-0": WARM})
+    [gate] = decision.gates  # type: ignore[attr-defined]
+    assert (gate.status, gate.reason) == (True, "Warmed")
+    assert "12 prompts" in gate.message and "0.97" in gate.message
+    assert [e.reason for e in decision.events] == ["ReplicaAdmitted"]  # type: ignore[attr-defined]
+
+
+def test_a_restarted_pod_new_uid_warms_again_though_the_old_uid_was_warm() -> None:
+    desired = gated()
+    observed = new_leader(desired, uid="uid-restarted")
+    probes = Probes(healthy={"uid-restarted": True}, warmups={"uid-c-r0-0": WARM})
+    decision = decide(desired=desired, observed=observed, probes=probes, memory=Memory(), now=NOW)
+    assert not decision.gates
+    assert [p.uid for p in decision.warm] == ["uid-restarted"]
+
+
+def test_a_timed_out_warm_up_admits_with_a_warning_when_on_timeout_is_admit() -> None:
+    desired = gated("Admit")
+    decision = run(desired, new_leader(desired), **{"uid-c-r0-0": TIMED_OUT})
+    [gate] = decision.gates  # type: ignore[attr-defined]
+    assert (gate.status, gate.reason) == (True, "WarmupTimedOut")
+    [event] = decision.events  # type: ignore[attr-defined]
+    assert (event.type, event.reason) == ("Warning", "WarmupTimedOut")
+
+
+def test_a_timed_out_warm_up_holds_once_with_a_warning_when_on_timeout_is_hold() -> None:
+    desired = gated("Hold")
+    decision = run(desired, new_leader(desired), **{"uid-c-r0-0": TIMED_OUT})
+    [gate] = decision.gates  # type: ignore[attr-defined]
+    assert (gate.status, gate.reason) == (False, "WarmupHeld")
+    [event] = decision.events  # type: ignore[attr-defined]
+    assert (event.type, event.reason) == ("Warning", "WarmupHeld")
+    # The next pass: the gate is False already; nothing more, no polling.
+    again = run(desired, new_leader(desired, warmed="False"), **{"uid-c-r0-0": TIMED_OUT})
+    assert not again.gates and not again.events and not again.warm  # type: ignore[attr-defined]
+    assert again.requeue_seconds is None  # type: ignore[attr-defined]
+
+
+def test_nothing_to_verify_admits_rather_than_holding_forever() -> None:
+    desired = gated("Hold")
+    outcome = WarmupOutcome(running=False, verdict="NothingToVerify", message="no prompt")
+    decision = run(desired, new_leader(desired), **{"uid-c-r0-0": outcome})
+    [gate] = decision.gates  # type: ignore[attr-defined]
+    assert (gate.status, gate.reason) == (True, "WarmupUnverifiable")
+
+
+def test_an_unhealthy_engine_is_neither_warmed_nor_admitted() -> None:
+    desired = gated()
+    probes = Probes(healthy={"uid-c-r0-0": False})
+    decision = decide(
+        desired=desired, observed=new_leader(desired), probes=probes, memory=Memory(), now=NOW
+    )
+    assert not decision.gates and not decision.warm
+
+
+def test_without_prompt_sources_or_when_disabled_the_leader_is_admitted_on_health() -> None:
+    assert warmup_policy(spec_of(replicas=1)) is None
+    assert warmup_policy(spec_of(replicas=1, warmup={"prompts": [{"text": "hi"}]})) is not None
+    disabled = spec_of(replicas=1, warmup={"enabled": False, "prompts": [{"text": "hi"}]})
+    assert warmup_policy(disabled) is None
+    desired = replace(desired_for(1), warmup_enabled=True, warmup=None)
+    decision = run(desired, new_leader(desired))
+    [gate] = decision.gates  # type: ignore[attr-defined]
+    assert (gate.status, gate.reason) == (True, "EngineHealthy")
+    assert not decision.warm  # type: ignore[attr-defined]
+
+
+def test_warm_up_prompts_come_from_the_spec_a_config_map_and_hot_prefixes() -> None:
+    spec = spec_of(
+        replicas=1,
+        warmup={
+            "prompts": [
+                {"text": "system prompt"},
+                {"messages": [{"role": "system", "content": "be brief"}]},
+            ]
+        },
+    )
+    assert inline_prompts(spec.warmup.prompts) == [
+        Prompt(text="system prompt"),
+        Prompt(messages=(("system", "be brief"),)),
+    ]
+    assert config_map_prompts("- text: a\n- messages: [{role: user, content: b}]\n- c\n") == [
+        Prompt(text="a"),
+        Prompt(messages=(("user", "b"),)),
+        Prompt(text="c"),
+    ]
+    with pytest.raises(ValueError):
+        config_map_prompts("text: not a list")
+    answer = {"prefixes": [{"prompt": "hot one", "count": 9}, {"count": 1}]}
+    assert hot_prefix_prompts(answer) == [Prompt(text="hot one")]
+    assert hot_prefix_prompts({"error": "disabled"}) == []
+
+
+def _status(observed: Observed, decision: object, warmups: dict[str, WarmupOutcome]) -> dict:  # type: ignore[type-arg]
+    spec = spec_of(replicas=1, warmup={"prompts": [{"text": "hi"}], "onTimeout": "Hold"})
+    return build_status(
+        StatusInputs(
+            name="c",
+            namespace="ns",
+            generation=1,
+            spec=spec,
+            errors=[],
+            paused=False,
+            observed=observed,
+            decision=decision,  # type: ignore[arg-type]
+            memory=Memory(),
+            probes=Probes(healthy={"uid-c-r0-0": True}, warmups=warmups),
+            kv_pools={},
+            previous={},
+            now="2026-01-01T00:00:00Z",
+        )
+    )
+
+
+def test_status_shows_warming_then_serving_with_its_hit_ratio_or_held() -> None:
+    desired = gated("Hold")
+    running = {"uid-c-r0-0": WarmupOutcome(running=True)}
+    cold = new_leader(desired)
+    [entry] = _status(cold, run(desired, cold, **running), running)["replicaStatuses"]
+    assert entry["state"] == "Warming"
+    warm_pod = new_leader(desired, ready=True, warmed="True")
+    status = _status(warm_pod, run(desired, warm_pod, **{"uid-c-r0-0": WARM}), {"uid-c-r0-0": WARM})
+    [entry] = status["replicaStatuses"]
+    assert (entry["state"], entry["warmupHitRatio"]) == ("Serving", 0.97)
+    assert "12 prompts" in entry["warmup"]
+    assert status["warmReplicas"] == 1
+    held = new_leader(desired, warmed="False")
+    failed = {"uid-c-r0-0": TIMED_OUT}
+    status = _status(held, run(desired, held, **failed), failed)
+    [entry] = status["replicaStatuses"]
+    assert entry["state"] == "Held"
+    assert status["warmReplicas"] == 0
