@@ -70,6 +70,12 @@ class RouterConfig(_Model):
     epsilon: float = Field(
         0.25, ge=0, description="Bounded load: no replica above (1 + epsilon) x mean load."
     )
+    bounded_load_min_requests: int = Field(
+        4,
+        ge=1,
+        description="Bounded load allows at least this many requests' worth of load on a "
+        "replica, so affinity holds while the fleet is nearly idle.",
+    )
     q_norm: int = Field(20, ge=1, description="Waiting requests that count as a full queue.")
     saturation_kv: float = Field(0.95, gt=0, le=1, description="KV usage that saturates a replica.")
     tie_tolerance: float = Field(

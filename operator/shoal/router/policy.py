@@ -148,7 +148,12 @@ class Chooser:
         # prefix therefore spreads over the fleet instead of pinning one replica.
         unit = self.config.weights.running / self.config.max_num_seqs
         total = sum(map(_LOAD, eligible)) / unit + 1
-        capacity = math.ceil((1 + self.config.epsilon) * total / len(eligible))
+        # Below a few requests a replica is nowhere near busy (and its scraped
+        # counts lag by a scrape interval): keep affinity there.
+        capacity = max(
+            math.ceil((1 + self.config.epsilon) * total / len(eligible)),
+            self.config.bounded_load_min_requests,
+        )
         limit = (capacity - 1) * unit + 1e-12
         bounded = [c for c in eligible if c.load <= limit] or [min(eligible, key=_LOAD)]
         return self._best(bounded, facts.affinity_key, beta=self.config.beta, reason="cache-aware")
