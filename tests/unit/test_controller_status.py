@@ -158,3 +158,21 @@ def test_engine_metrics_give_the_kv_pool_and_in_flight_requests() -> None:
     assert metrics.kv_pool.tokens == 32768
     unallocated = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0\n'
     assert parse_engine_metrics(unallocated).kv_pool is None
+
+
+def test_operator_metrics_count_events_by_reason_and_still_post_them() -> None:
+    from prometheus_client import generate_latest
+
+    from shoal.controller.decide import Event
+    from shoal.controller.metrics import OperatorMetrics
+
+    posted: list[Event] = []
+    metrics = OperatorMetrics()
+    post = metrics.counting(lambda _body, event: posted.append(event))
+    post({}, Event("Normal", "ReplicaRestarted", "hung"))
+    post({}, Event("Normal", "ReplicaRestarted", "hung again"))
+    post({}, Event("Warning", "WarmupTimedOut", "admitted"))
+    text = generate_latest(metrics.registry).decode()
+    assert 'shoal_operator_events_total{reason="ReplicaRestarted",type="Normal"} 2.0' in text
+    assert 'shoal_operator_events_total{reason="WarmupTimedOut",type="Warning"} 1.0' in text
+    assert [e.reason for e in posted] == ["ReplicaRestarted", "ReplicaRestarted", "WarmupTimedOut"]

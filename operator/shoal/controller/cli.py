@@ -8,11 +8,13 @@ import logging
 import os
 
 import kopf
+from prometheus_client import start_http_server
 
 from shoal import __version__
 from shoal.controller.context import ControllerSettings, OperatorContext
 from shoal.controller.handlers import build_registry, build_settings, post_event
 from shoal.controller.kube import ApiError, KubeApi
+from shoal.controller.metrics import OperatorMetrics
 
 log = logging.getLogger("shoal.controller")
 
@@ -48,6 +50,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="URL",
         help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve the operator's Prometheus metrics on this port (0: off)",
+    )
+    parser.add_argument("--metrics-host", default="0.0.0.0")
     parser.add_argument("--log-level", default="INFO")
     # Test hook: exit right after applying the object of this name.
     parser.add_argument("--test-exit-after-apply", metavar="NAME", help=argparse.SUPPRESS)
@@ -70,7 +79,12 @@ async def operate(args: argparse.Namespace) -> None:
     settings = ControllerSettings(
         router_image=args.router_image, exit_after_apply=args.test_exit_after_apply
     )
-    ctx = OperatorContext(settings=settings, post_event=post_event)
+    metrics = OperatorMetrics()
+    ctx = OperatorContext(
+        settings=settings, post_event=metrics.counting(post_event), metrics=metrics
+    )
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
     namespaces = list(args.namespace)
     clusterwide = not namespaces
     standalone = args.standalone or not await peering_installed(ctx.kube, clusterwide=clusterwide)

@@ -15,6 +15,7 @@ from shoal.controller.engine_metrics import KVPool
 from shoal.controller.healthloop import HealthChecks
 from shoal.controller.identity import ClusterRef
 from shoal.controller.kube import KubeApi
+from shoal.controller.metrics import OperatorMetrics
 from shoal.controller.probes import EngineProbe
 from shoal.controller.warming import Warmups
 
@@ -83,6 +84,7 @@ class OperatorContext:
     wakeups: Wakeups = field(default_factory=Wakeups)
     warmups: Warmups = field(default_factory=Warmups)
     health: HealthChecks = field(default_factory=HealthChecks)
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
 
     def after_apply(self, name: str) -> None:
         if self.settings.exit_after_apply == name:

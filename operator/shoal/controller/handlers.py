@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import aiohttp
@@ -78,17 +79,22 @@ async def cluster_daemon(
     try:
         while not stopped:
             wake.clear()
+            started = time.monotonic()
             try:
                 delay = await reconcile(ctx, body, state)
                 backoff, state.last_failure = 1.0, None
+                ctx.metrics.passes.labels("ok").inc()
             except _TRANSIENT as error:
+                ctx.metrics.passes.labels("error").inc()
                 log.warning("pass failed, retrying in %.0fs: %s", backoff, error)
                 if isinstance(error, ApiError) and str(error) != state.last_failure:
                     # Refused writes (say, an invalid passed-through field) are
                     # the user's to fix: say so once, not at every retry.
-                    post_event(body, Event("Warning", "ReconcileFailed", str(error)))
+                    ctx.post_event(body, Event("Warning", "ReconcileFailed", str(error)))
                 state.last_failure = str(error)
                 delay, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
+            finally:
+                ctx.metrics.pass_seconds.observe(time.monotonic() - started)
             try:
                 await asyncio.wait_for(wake.wait(), RESYNC_SECONDS if delay is None else delay)
                 await asyncio.sleep(DEBOUNCE_SECONDS)
