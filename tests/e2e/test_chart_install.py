@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -159,6 +160,18 @@ def test_helm_install_upgrade_test_uninstall_and_least_privilege(
     assert (
         complete(router_url(testbed, apps, "fleet"), "hello through the chart").status_code == 200
     )
+    operator_ip = testbed.kubectl(
+        "get",
+        "pods",
+        "-n",
+        system,
+        "-l",
+        "app.kubernetes.io/component=operator",
+        "-o",
+        "jsonpath={.items[0].status.podIP}",
+    )
+    metrics = httpx.get(f"http://{operator_ip}:8081/metrics", timeout=5).text
+    assert 'shoal_operator_reconcile_passes_total{result="ok"}' in metrics
 
     # Changed values roll the operator, which keeps the fleet as it is.
     helm(
