@@ -30,3 +30,31 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
         yield bed
     finally:
         bed.down()
+
+
+@pytest.fixture(scope="module")
+def running_operator(
+    request: pytest.FixtureRequest, testbed: Testbed, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """The operator as a local process for a test module, watching namespaces
+    named after the module's PATTERN (so modules never share clusters)."""
+    from tests.e2e.operator_env import install_crd, operator
+
+    install_crd(testbed)
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with operator(testbed, log, namespaces=[f"{request.module.PATTERN}-*"]):
+        yield
+
+
+@pytest.fixture
+def ns(request: pytest.FixtureRequest, testbed: Testbed, running_operator: None) -> Iterator[str]:
+    """A fresh namespace the module's operator watches; its VLLMClusters are
+    deleted while the operator still runs, so their finalizers go with them."""
+    from tests.e2e.kube import namespace
+    from tests.e2e.operator_env import delete_clusters
+
+    with namespace(testbed, request.module.PATTERN) as name:
+        try:
+            yield name
+        finally:
+            delete_clusters(testbed, name)

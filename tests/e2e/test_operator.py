@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -17,7 +16,7 @@ import httpx
 import pytest
 
 from shoal_testbed.cluster import Testbed
-from tests.e2e.kube import apply, get_json, namespace, wait_for
+from tests.e2e.kube import apply, get_json, wait_for
 from tests.e2e.operator_env import (
     CHILD_KINDS,
     MODEL,
@@ -27,12 +26,9 @@ from tests.e2e.operator_env import (
     cluster_manifest,
     complete,
     condition_of,
-    delete_clusters,
     events,
-    install_crd,
     leader_pods,
     names,
-    operator,
     printed_columns,
     router_url,
     wait_ready,
@@ -42,24 +38,6 @@ pytestmark = pytest.mark.e2e
 
 PATTERN = "shoal-op"
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
-
-
-@pytest.fixture(scope="module")
-def running_operator(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    install_crd(testbed)
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator(testbed, log, namespaces=[f"{PATTERN}-*"]):
-        yield
-
-
-@pytest.fixture
-def ns(testbed: Testbed, running_operator: None) -> Iterator[str]:
-    with namespace(testbed, PATTERN) as name:
-        try:
-            yield name
-        finally:
-            # While the operator still runs, so its finalizer goes with it.
-            delete_clusters(testbed, name)
 
 
 def _node_products(bed: Testbed) -> dict[str, str]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,16 +15,13 @@ import httpx
 import pytest
 
 from shoal_testbed.cluster import Testbed
-from tests.e2e.kube import apply, get_json, namespace, wait_for
+from tests.e2e.kube import apply, get_json, wait_for
 from tests.e2e.operator_env import (
     WARMED,
     cluster,
     cluster_manifest,
     condition_of,
-    delete_clusters,
     events,
-    install_crd,
-    operator,
     router_url,
     wait_ready,
 )
@@ -41,23 +37,6 @@ FAST_HEALTH = {
     "failureThreshold": 2,
     "restartBackoff": {"initialSeconds": 1, "maxSeconds": 2},
 }
-
-
-@pytest.fixture(scope="module")
-def running_operator(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    install_crd(testbed)
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator(testbed, log, namespaces=[f"{PATTERN}-*"]):
-        yield
-
-
-@pytest.fixture
-def ns(testbed: Testbed, running_operator: None) -> Iterator[str]:
-    with namespace(testbed, PATTERN) as name:
-        try:
-            yield name
-        finally:
-            delete_clusters(testbed, name)
 
 
 def _pod(bed: Testbed, ns: str, name: str) -> dict[str, Any] | None:

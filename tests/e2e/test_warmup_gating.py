@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -14,17 +13,14 @@ import httpx
 import pytest
 
 from shoal_testbed.cluster import Testbed
-from tests.e2e.kube import apply, get_json, namespace, wait_for
+from tests.e2e.kube import apply, get_json, wait_for
 from tests.e2e.operator_env import (
     MODEL,
     WARMED,
     cluster,
     cluster_manifest,
     condition_of,
-    delete_clusters,
     events,
-    install_crd,
-    operator,
     printed_columns,
     router_url,
     wait_ready,
@@ -38,23 +34,6 @@ PROMPTS = [
     {"text": f"You are assistant number {i}. " + " ".join(f"rule{j} applies" for j in range(150))}
     for i in range(6)
 ]
-
-
-@pytest.fixture(scope="module")
-def running_operator(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    install_crd(testbed)
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator(testbed, log, namespaces=[f"{PATTERN}-*"]):
-        yield
-
-
-@pytest.fixture
-def ns(testbed: Testbed, running_operator: None) -> Iterator[str]:
-    with namespace(testbed, PATTERN) as name:
-        try:
-            yield name
-        finally:
-            delete_clusters(testbed, name)
 
 
 def _time(text: str) -> float:
