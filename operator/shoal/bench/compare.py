@@ -1,0 +1,222 @@
+"""`shoal bench compare`: the same seeded workload through each routing policy,
+each time on a fresh fleet (cold caches, same profile and seed), at one rate
+or over a sweep of rates.
+
+Runs go rate by rate with the policies in turn inside each rate, so a change
+in the machine's background load spreads over all policies rather than
+landing on one. Pure helpers here find each policy's knee and the targets'
+operating point from the results; the runs themselves are in `run_compare`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import math
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shoal.bench.driver import OpenLoop, Outcome
+from shoal.bench.ideal import ideal_hit_rate
+from shoal.bench.local import FleetSpec, LocalFleet
+from shoal.bench.measure import measure
+from shoal.bench.workloads import Workload
+from shoal.sim.profiles import PROFILES
+
+# A policy's P99 TTFT may grow to this many times its idle value before the
+# load counts as past its knee.
+KNEE_FACTOR = 2.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComparePlan:
+    spec: FleetSpec
+    policies: tuple[str, ...]
+    rates: tuple[float, ...]
+    # The workload for a rate (its request count may depend on the rate).
+    workload_for: Callable[[float], Workload]
+    burstiness: float = 1.0
+    router_config: dict[str, Any] = field(default_factory=dict)
+    request_timeout: float = 300.0
+
+
+# Called with (policy, rate, number of requests) when a run starts, and with
+# each request's outcome as it ends.
+RunStarted = Callable[[str, float, int], None]
+OutcomeSeen = Callable[[Outcome], None]
+
+
+def router_timing(time_scale: float) -> dict[str, float]:
+    """The router's scrape timing in engine time: against engines running
+    `time_scale` times faster than real time, the router must scrape that much
+    more often (and slower engines, less often) to see the same dynamics as
+    in a real fleet. Its defaults: every 0.25 s, 0.2 s deadline, stale after 2 s."""
+    if time_scale == 1.0:
+        return {}
+    return {
+        "scrapeIntervalSeconds": 0.25 / time_scale,
+        "scrapeTimeoutSeconds": 0.2 / time_scale,
+        "staleAfterSeconds": 2.0 / time_scale,
+    }
+
+
+def source_digest(package: str) -> str:
+    """A short hash of a package's source: results name the router code they
+    measured, which changes more often than the version number."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(importlib.import_module(package).__path__[0]).glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def profile_report(spec: FleetSpec) -> dict[str, Any]:
+    profile = asdict(PROFILES[spec.profile])
+    if spec.kv_blocks is not None:
+        profile["num_gpu_blocks"] = spec.kv_blocks
+    return {**profile, "fleet": spec.describe()}
+
+
+def run_compare(
+    plan: ComparePlan,
+    *,
+    workdir: Path | None = None,
+    on_start: RunStarted | None = None,
+    on_outcome: OutcomeSeen | None = None,
+) -> dict[str, Any]:
+    profile = PROFILES[plan.spec.profile]
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="shoal-bench-"))
+    results: list[dict[str, Any]] = []
+    workloads: dict[float, dict[str, Any]] = {}
+    router_config = {**router_timing(plan.spec.time_scale), **plan.router_config}
+    for rate in plan.rates:
+        workload = plan.workload_for(rate)
+        described = {
+            **workload.params,
+            "ideal_prefix_hit_rate": ideal_hit_rate(workload.requests, profile=profile),
+        }
+        workloads[rate] = described
+        for policy in plan.policies:
+            if on_start is not None:
+                on_start(policy, rate, len(workload.requests))
+            with LocalFleet(
+                plan.spec,
+                policy=policy,
+                workdir=workdir / f"{policy}-{rate:g}",
+                router_config=router_config,
+            ) as fleet:
+                result, _ = asyncio.run(
+                    measure(
+                        fleet.router,
+                        workload,
+                        model=plan.spec.model,
+                        pacing=OpenLoop(rate=rate, burstiness=plan.burstiness, seed=plan.spec.seed),
+                        engines=fleet.engines,
+                        time_scale=plan.spec.time_scale,
+                        request_timeout=plan.request_timeout,
+                        run_timeout=3 * len(workload.requests) / rate + 60,
+                        on_outcome=on_outcome,
+                    )
+                )
+            results.append(
+                {
+                    "policy": policy,
+                    "rate": rate,
+                    "p50_ttft_ms": result["median_ttft_ms"],
+                    "ideal_prefix_hit_rate": described["ideal_prefix_hit_rate"],
+                    **result,
+                }
+            )
+    single = len(plan.rates) == 1
+    report: dict[str, Any] = {
+        "profile": profile_report(plan.spec),
+        "workload": workloads[plan.rates[0]] if single else _sweep_workload(workloads),
+        "router_config": router_config,
+        "sources": {"router": source_digest("shoal.router"), "sim": source_digest("shoal.sim")},
+        "results": results,
+    }
+    if not single:
+        report["knees"] = knees(results)
+        report["operating_point"] = operating_point(results)
+    return report
+
+
+def _sweep_workload(workloads: dict[float, dict[str, Any]]) -> dict[str, Any]:
+    first = next(iter(workloads.values()))
+    common = {k: v for k, v in first.items() if k not in ("requests", "ideal_prefix_hit_rate")}
+    return {
+        **common,
+        "per_rate": {
+            f"{rate:g}": {
+                "requests": w["requests"],
+                "ideal_prefix_hit_rate": w["ideal_prefix_hit_rate"],
+            }
+            for rate, w in workloads.items()
+        },
+    }
+
+
+def _by_policy(results: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for result in results:
+        grouped.setdefault(result["policy"], []).append(result)
+    for runs in grouped.values():
+        runs.sort(key=lambda r: r["rate"])
+    return grouped
+
+
+def knee(runs: Sequence[dict[str, Any]], *, factor: float = KNEE_FACTOR) -> dict[str, Any]:
+    """The highest rate before P99 TTFT first exceeds `factor` times its idle
+    value (the P99 TTFT at the lowest rate swept). None when even the second
+    rate is past it; the last rate when no rate is (the knee lies beyond)."""
+    ordered = sorted(runs, key=lambda r: r["rate"])
+    idle = ordered[0]["p99_ttft_ms"]
+    limit = factor * idle
+    best: float | None = ordered[0]["rate"]
+    beyond = True
+    for run in ordered:
+        ttft = run["p99_ttft_ms"]
+        if math.isnan(ttft) or ttft > limit or run["failed"] > 0:
+            beyond = False
+            break
+        best = run["rate"]
+    return {
+        "knee_rate": best,
+        "idle_p99_ttft_ms": idle,
+        "limit_p99_ttft_ms": limit,
+        "beyond_sweep": beyond,
+    }
+
+
+def knees(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {policy: knee(runs) for policy, runs in _by_policy(results).items()}
+
+
+def operating_point(
+    results: Sequence[dict[str, Any]], *, baseline: str = "round-robin"
+) -> dict[str, Any] | None:
+    """The lowest swept rate at which the baseline's P99 TTFT exceeds twice its
+    P50 (where the targets are judged), with every policy's ratios to the
+    baseline there."""
+    grouped = _by_policy(results)
+    runs = grouped.get(baseline)
+    if not runs:
+        return None
+    point = next((r for r in runs if r["p99_ttft_ms"] > 2 * r["p50_ttft_ms"]), None)
+    if point is None:
+        return None
+    rate = point["rate"]
+    ratios = {}
+    for policy, policy_runs in grouped.items():
+        at = next((r for r in policy_runs if r["rate"] == rate), None)
+        if at is None:
+            continue
+        ratios[policy] = {
+            "p99_ttft_vs_baseline": at["p99_ttft_ms"] / point["p99_ttft_ms"],
+            "output_throughput_vs_baseline": at["output_throughput"] / point["output_throughput"],
+            "prefix_hit_rate": at.get("prefix_hit_rate"),
+        }
+    return {"baseline": baseline, "rate": rate, "ratios": ratios}

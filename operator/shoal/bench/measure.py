@@ -1,0 +1,71 @@
+"""One measured run: engine counters read, the load driven, counters read
+again, and everything summed up into one result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import aiohttp
+
+from shoal.bench.driver import Outcome, Pacing, drive
+from shoal.bench.engines import fleet_report, scrape
+from shoal.bench.stats import by_group, errors, routed, summarize
+from shoal.bench.workloads import Workload
+
+
+async def first_model(url: str) -> str:
+    """The first model the server lists (what `vllm bench serve` defaults to)."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(10)) as response,
+    ):
+        response.raise_for_status()
+        listing = await response.json()
+    models = listing.get("data") or []
+    if not models:
+        raise RuntimeError(f"{url} serves no model")
+    return str(models[0]["id"])
+
+
+def describe_pacing(pacing: Pacing) -> dict[str, object]:
+    return {"pacing": type(pacing).__name__, **vars(pacing)}
+
+
+async def measure(
+    url: str,
+    workload: Workload,
+    *,
+    model: str,
+    pacing: Pacing,
+    engines: Sequence[str] = (),
+    time_scale: float = 1.0,
+    request_timeout: float = 300.0,
+    run_timeout: float = 3600.0,
+    on_outcome: Callable[[Outcome], None] | None = None,
+) -> tuple[dict[str, Any], list[Outcome]]:
+    """The run's result (summary, per-group summaries, errors, placements and
+    the engines' counters) and every request's outcome."""
+    async with aiohttp.ClientSession() as session:
+        before = await scrape(session, engines)
+        run = await drive(
+            url,
+            workload.requests,
+            model=model,
+            pacing=pacing,
+            time_scale=time_scale,
+            request_timeout=request_timeout,
+            run_timeout=run_timeout,
+            on_outcome=on_outcome,
+        )
+        after = await scrape(session, engines)
+    result: dict[str, Any] = {**describe_pacing(pacing)}
+    result.update(summarize(run.outcomes, duration=run.duration))
+    groups = by_group(run.outcomes, duration=run.duration, groups=workload.groups)
+    if groups:
+        result["groups"] = groups
+    result["errors"] = errors(run.outcomes)
+    result["routed"] = routed(run.outcomes)
+    if engines:
+        result.update(fleet_report(before, after))
+    return result, run.outcomes

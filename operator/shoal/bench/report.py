@@ -1,0 +1,104 @@
+"""Console tables of results (rich), from the result dictionaries alone."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from rich.table import Table
+
+# (column title, result key, format); a key missing from a result shows "-".
+_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("ok", "completed", "{:.0f}"),
+    ("failed", "failed", "{:.0f}"),
+    ("TTFT p50 ms", "median_ttft_ms", "{:.0f}"),
+    ("TTFT p99 ms", "p99_ttft_ms", "{:.0f}"),
+    ("ITL p99 ms", "p99_itl_ms", "{:.0f}"),
+    ("E2E p99 ms", "p99_e2el_ms", "{:.0f}"),
+    ("req/s", "request_throughput", "{:.2f}"),
+    ("out tok/s", "output_throughput", "{:.0f}"),
+    ("prefix hits", "prefix_hit_rate", "{:.1%}"),
+    ("preempt", "preemptions", "{:.0f}"),
+    ("busiest", "request_imbalance", "{:.2f}x"),
+)
+
+
+def cell(result: dict[str, Any], key: str, fmt: str) -> str:
+    value = result.get(key)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return fmt.format(value)
+
+
+def _group_columns(results: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Per-group E2E columns when results are split by group (long-tail)."""
+    groups: list[str] = []
+    for result in results:
+        for group in result.get("groups") or {}:
+            if group not in groups:
+                groups.append(group)
+    return [(f"{g} E2E p99 ms", g) for g in groups]
+
+
+def results_table(
+    results: Sequence[dict[str, Any]], *, title: str, caption: str | None = None
+) -> Table:
+    """One row per run: a policy (and rate, when several were swept)."""
+    rates = {r.get("rate") for r in results}
+    table = Table(title=title, caption=caption, header_style="bold")
+    lead = ["policy"] if "policy" in results[0] else ["run"]
+    if len(rates) > 1:
+        lead.append("rate")
+    for name in lead:
+        table.add_column(name)
+    for title_, _, _ in _COLUMNS:
+        table.add_column(title_, justify="right")
+    group_columns = _group_columns(results)
+    for title_, _ in group_columns:
+        table.add_column(title_, justify="right")
+    for result in results:
+        row = [str(result.get("policy") or result.get("label") or "-")]
+        if len(rates) > 1:
+            row.append(f"{result['rate']:g}/s")
+        row += [cell(result, key, fmt) for _, key, fmt in _COLUMNS]
+        for _, group in group_columns:
+            row.append(cell((result.get("groups") or {}).get(group, {}), "p99_e2el_ms", "{:.0f}"))
+        table.add_row(*row)
+    return table
+
+
+def replicas_table(result: dict[str, Any]) -> Table:
+    """Each engine's share of one run's work, from its own counters."""
+    table = Table(title="replicas (engine counters)", header_style="bold")
+    for name in ("engine", "requests", "share", "prefill share", "prefix hits", "preempt"):
+        table.add_column(name, justify="right" if name != "engine" else "left")
+    for replica in result.get("replicas") or []:
+        if not replica.get("scraped"):
+            table.add_row(replica["url"], "-", "-", "-", "-", "-")
+            continue
+        table.add_row(
+            replica["url"],
+            cell(replica, "requests", "{:.0f}"),
+            cell(replica, "request_share", "{:.1%}"),
+            cell(replica, "prefill_share", "{:.1%}"),
+            cell(replica, "prefix_hit_rate", "{:.1%}"),
+            cell(replica, "preemptions", "{:.0f}"),
+        )
+    return table
+
+
+def knees_table(knees: dict[str, dict[str, Any]]) -> Table:
+    table = Table(title="knee: highest rate before P99 TTFT > 2x its idle value")
+    for name in ("policy", "knee", "idle P99 TTFT ms", "limit ms"):
+        table.add_column(name, justify="left" if name == "policy" else "right")
+    for policy, knee in knees.items():
+        rate = knee["knee_rate"]
+        shown = "-" if rate is None else f"{rate:g}/s" + ("+" if knee["beyond_sweep"] else "")
+        table.add_row(
+            policy,
+            shown,
+            f"{knee['idle_p99_ttft_ms']:.0f}",
+            f"{knee['limit_p99_ttft_ms']:.0f}",
+        )
+    return table

@@ -1,0 +1,1 @@
+"""`shoal demo`: simulated engines behind the router, live, and the comparison."""

