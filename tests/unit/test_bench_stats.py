@@ -16,7 +16,6 @@ from shoal.bench.compare import knee, knees, operating_point, router_timing
 from shoal.bench.driver import Outcome
 from shoal.bench.engines import EngineCounters, fleet_report, parse_engine_metrics
 from shoal.bench.stats import by_group, errors, percentile, routed, summarize
-from shoal.cli import main
 from shoal.demo.cli import load_scores
 from shoal.demo.view import Snapshot, client_line, replica_rows
 from shoal.router.config import RouterConfig
@@ -243,10 +242,3 @@ def test_json_results_have_no_nan() -> None:
         "replicas": [{"prefix_hit_rate": None}],
         "ok": 1.5,
     }
-
-
-def test_demo_through_kubernetes_says_it_is_not_there_yet(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    assert main(["demo", "--kubernetes"]) == 2
-    assert "not available yet" in capsys.readouterr().out
