@@ -108,6 +108,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--concurrency", type=int, help="closed loop: clients each waiting for its answer"
     )
     load.add_argument(
+        "--max-concurrency", type=int, help="open loop: at most this many requests in flight"
+    )
+    load.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -264,6 +267,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 engines=engines,
                 time_scale=args.time_scale,
                 request_timeout=args.request_timeout,
+                max_concurrency=args.max_concurrency,
                 on_outcome=seen,
             )
         )

@@ -181,7 +181,7 @@ async def drive(
     position = {r.index: i for i, r in enumerate(requests)}
     answered = {r.after: asyncio.Event() for r in requests if r.after is not None}
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    connector = aiohttp.TCPConnector(limit=0)
     start = time.perf_counter()
     ends: list[float] = []
 

@@ -42,6 +42,7 @@ async def measure(
     time_scale: float = 1.0,
     request_timeout: float = 300.0,
     run_timeout: float = 3600.0,
+    max_concurrency: int | None = None,
     on_outcome: Callable[[Outcome], None] | None = None,
 ) -> tuple[dict[str, Any], list[Outcome]]:
     """The run's result (summary, per-group summaries, errors, placements and
@@ -56,6 +57,7 @@ async def measure(
             time_scale=time_scale,
             request_timeout=request_timeout,
             run_timeout=run_timeout,
+            max_concurrency=max_concurrency,
             on_outcome=on_outcome,
         )
         after = await scrape(session, engines)
