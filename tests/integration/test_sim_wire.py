@@ -155,3 +155,27 @@ def test_sim_flags_serve_a_second_engine_in_the_same_process(tmp_path: Path) -> 
             )
 
         assert (prompt_tokens(first), prompt_tokens(second)) == (50.0, 0.0)
+
+
+def test_a_chat_stream_sends_its_role_chunk_only_with_the_first_output(tmp_path: Path) -> None:
+    """vLLM writes the headers at once but the role chunk only with the
+    engine's first output, so a client's (and the router's) first byte of
+    body marks the end of prefill. A hung engine shows it plainly."""
+    with sim(tmp_path, "--sim-fault-api") as (_, url):
+        httpx.post(f"{url}/_sim/fault", json={"hang": True}).raise_for_status()
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 2,
+            "stream": True,
+        }
+        with httpx.Client(timeout=httpx.Timeout(5.0, read=1.0)) as client:
+            with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+                assert response.status_code == 200
+                chunks = response.iter_raw()
+                with pytest.raises(httpx.ReadTimeout):
+                    next(chunks)
+            httpx.post(f"{url}/_sim/fault", json={"hang": False}).raise_for_status()
+            response = client.post(f"{url}/v1/chat/completions", json=body)
+        first = sse_events(response.text)[0]
+        assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}

@@ -249,11 +249,16 @@ class EngineApp:
         encoder = wire.StreamEncoder(gen, fingerprint=self.fingerprint)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await response.prepare(request)
+        # vLLM sends chat's role chunk with the first engine output (after
+        # prefill), not with the headers: a client's TTFT starts there.
+        started = False
         try:
-            for event in encoder.start():
-                await response.write(event)
             try:
                 async for i, tokens in merged(streams):
+                    if not started:
+                        started = True
+                        for event in encoder.start():
+                            await response.write(event)
                     seq = streams[i].seq
                     finish = seq.finish_reason if seq.status is Status.FINISHED else None
                     await response.write(
