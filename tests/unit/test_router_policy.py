@@ -116,17 +116,60 @@ def test_breaker_opens_then_lets_one_probe_through() -> None:
 def fleet(loads: list[float], hits: list[float] | None = None) -> list[Candidate]:
     hits = hits or [0.0] * len(loads)
     return [
-        Candidate(f"r{i}", load, False, int(load * 100), hit)
+        Candidate(f"r{i}", load, False, int(load * 100), hit, requests=int(load * 100))
         for i, (load, hit) in enumerate(zip(loads, hits, strict=True))
     ]
 
 
+def prompt(key: int, tokens: float = 512) -> RequestFacts:
+    """A request whose prompt is `tokens` long, all of it in prefix blocks."""
+    return RequestFacts(affinity_key=key, prompt_tokens=tokens, prefix_tokens=tokens)
+
+
 def test_cache_aware_prefers_the_warm_replica_within_bounded_load() -> None:
     chooser = Chooser(RouterConfig())
-    facts = RequestFacts(affinity_key=42)
-    assert chooser.choose(fleet([0.2, 0.2, 0.2], [0.0, 0.9, 0.0]), facts).replica == "r1"
-    # r1 holds the prefix but is far above the mean: bounded load sends it elsewhere.
-    assert chooser.choose(fleet([0.1, 0.9, 0.1], [0.0, 0.9, 0.0]), facts).replica != "r1"
+    assert chooser.choose(fleet([0.2, 0.2, 0.2], [0.0, 0.9, 0.0]), prompt(42)).replica == "r1"  # type: ignore[union-attr]
+    # r1 holds the prefix but carries far more requests than the mean:
+    # bounded load sends the request elsewhere.
+    assert chooser.choose(fleet([0.1, 0.9, 0.1], [0.0, 0.9, 0.0]), prompt(42)).replica != "r1"  # type: ignore[union-attr]
+
+
+def test_cache_aware_weighs_prefill_queued_ahead_against_the_hit() -> None:
+    """A warm replica with a long prefill queued from this router loses to a
+    cold idle one once the queue costs more than the prompt would."""
+    chooser = Chooser(RouterConfig())
+
+    def with_pending(pending: float) -> list[Candidate]:
+        return [
+            Candidate("r0", 0.0, False, 1, 1.0, pending=pending, requests=1),
+            Candidate("r1", 0.0, False, 0, 0.0),
+        ]
+
+    assert chooser.choose(with_pending(200), prompt(5, 2000)).replica == "r0"  # type: ignore[union-attr]
+    assert chooser.choose(with_pending(4000), prompt(5, 2000)).replica == "r1"  # type: ignore[union-attr]
+    # A short request stays clear of a replica busy prefilling a long prompt.
+    busy = [
+        Candidate("r0", 0.0, False, 1, 0.0, pending=6000, requests=1),
+        Candidate("r1", 0.0, False, 1, 0.0, pending=0, requests=1),
+    ]
+    assert {chooser.choose(busy, prompt(k, 100)).replica for k in range(32)} == {"r1"}  # type: ignore[union-attr]
+
+
+def test_cold_prompts_spread_by_the_prefill_they_queue() -> None:
+    """A burst of distinct cold prompts (nothing finishes meanwhile) lands
+    evenly by prefill work, whatever their hashes say."""
+    chooser = Chooser(RouterConfig())
+    pending = Counter[str]()
+    rng = random.Random(3)
+    for n in range(200):
+        tokens = rng.choice([300, 3000])
+        candidates = [
+            Candidate(r, 0.0, False, 0, 0.0, pending=pending[r]) for r in ("r0", "r1", "r2", "r3")
+        ]
+        pick = chooser.choose(candidates, prompt(n, tokens))
+        assert pick is not None
+        pending[pick.replica] += tokens
+    assert max(pending.values()) - min(pending.values()) <= 3000 + 0.05 * 5048, pending
 
 
 def test_hot_shared_prefix_spreads_under_bounded_load() -> None:
@@ -143,10 +186,11 @@ def test_hot_shared_prefix_spreads_under_bounded_load() -> None:
                 False,
                 inflight[r],
                 0.9 if r == "r0" else 0.0,
+                requests=inflight[r],
             )
             for r in ("r0", "r1", "r2", "r3")
         ]
-        pick = chooser.choose(candidates, RequestFacts(affinity_key=n))
+        pick = chooser.choose(candidates, prompt(n))
         assert pick is not None
         inflight[pick.replica] += 1
     assert max(inflight.values()) <= 1.25 * 200 / 4 + 1, inflight
@@ -157,15 +201,15 @@ def test_cold_prefixes_go_by_rendezvous_so_routers_agree() -> None:
     agree = 0
     rng = random.Random(7)
     for key in range(500):
-        # Each router sees slightly different loads (its own in-flight counts).
+        # Each router sees slightly different loads (scraped at other moments).
         loads_a = [rng.uniform(0.1, 0.12) for _ in range(8)]
         loads_b = [x + rng.uniform(-0.01, 0.01) for x in loads_a]
-        pick_a = a.choose(fleet(loads_a), RequestFacts(affinity_key=key))
-        pick_b = b.choose(fleet(loads_b), RequestFacts(affinity_key=key))
+        pick_a = a.choose(fleet(loads_a), prompt(key))
+        pick_b = b.choose(fleet(loads_b), prompt(key))
         agree += pick_a is not None and pick_b is not None and pick_a.replica == pick_b.replica
     assert agree >= 0.9 * 500
     spread = Counter(
-        a.choose(fleet([0.1] * 8), RequestFacts(affinity_key=k)).replica  # type: ignore[union-attr]
+        a.choose(fleet([0.1] * 8), prompt(k)).replica  # type: ignore[union-attr]
         for k in range(800)
     )
     assert len(spread) == 8 and min(spread.values()) > 50, "rendezvous spreads cold prefixes"
@@ -215,6 +259,6 @@ def test_saturated_everywhere_means_queue() -> None:
 
 def test_idle_fleet_goes_by_hit_then_rendezvous() -> None:
     chooser = Chooser(RouterConfig())
-    assert chooser.choose(fleet([0.0] * 4, [0.0, 0.0, 0.5, 0.0]), RequestFacts(3)).replica == "r2"  # type: ignore[union-attr]
-    picks = {chooser.choose(fleet([0.0] * 4), RequestFacts(k)).replica for k in range(64)}  # type: ignore[union-attr]
+    assert chooser.choose(fleet([0.0] * 4, [0.0, 0.0, 0.5, 0.0]), prompt(3)).replica == "r2"  # type: ignore[union-attr]
+    picks = {chooser.choose(fleet([0.0] * 4), prompt(k)).replica for k in range(64)}  # type: ignore[union-attr]
     assert len(picks) == 4

@@ -67,6 +67,15 @@ class RouterConfig(_Model):
     policy: Policy = Field(Policy.CACHE_AWARE, description="How a replica is chosen.")
     weights: LoadWeights = Field(default_factory=LoadWeights)
     beta: float = Field(1.0, ge=0, description="Weight of load against expected cache hit.")
+    load_tokens: float = Field(
+        2048,
+        ge=0,
+        description="cache-aware: prompt tokens of prefill that a fully loaded replica "
+        "(load score 1) is worth, times beta, when weighing load against cache hits.",
+    )
+    chars_per_token: float = Field(
+        4.0, gt=0, description="Characters of prompt text per token, to estimate prefill work."
+    )
     epsilon: float = Field(
         0.25, ge=0, description="Bounded load: no replica above (1 + epsilon) x mean load."
     )
@@ -82,7 +91,8 @@ class RouterConfig(_Model):
         0.05,
         ge=0,
         description="Scores this close to the best count as tied and go by rendezvous hashing, "
-        "so router replicas whose load views differ slightly still agree.",
+        "so router replicas whose load views differ slightly still agree (cache-aware: "
+        "this share of the prompt's tokens plus loadTokens).",
     )
     affinity_threshold: float = Field(
         0.7,

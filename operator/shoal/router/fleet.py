@@ -44,6 +44,7 @@ class Replica:
     signals: EngineSignals | None = None
     scraped_at: float | None = None
     inflight: int = 0
+    pending: float = 0.0  # estimated prompt tokens sent and not yet prefilled
 
     def __post_init__(self) -> None:
         self.id = self.endpoint.id
@@ -99,10 +100,20 @@ class Fleet:
             self._refresh(replica, now)
         self.version += 1
 
-    def begin(self, replica: Replica) -> None:
-        """A request was sent to replica."""
+    def begin(self, replica: Replica, *, prefill_tokens: float = 0.0) -> None:
+        """A request was sent to replica, with about `prefill_tokens` of its
+        prompt not cached there."""
         replica.inflight += 1
-        replica.breaker.on_start(time.monotonic())
+        replica.pending += prefill_tokens
+        now = time.monotonic()
+        replica.breaker.on_start(now)
+        self._refresh(replica, now)
+
+    def prefilled(self, replica: Replica, tokens: float) -> None:
+        """A request's first output arrived: its prompt is no longer ahead of
+        anything on that replica."""
+        # max(): float sums drift, and a negative queue would attract traffic.
+        replica.pending = max(replica.pending - tokens, 0.0)
         self._refresh(replica, time.monotonic())
 
     def end(self, replica: Replica, *, ok: bool | None) -> None:
@@ -126,7 +137,13 @@ class Fleet:
             return
         load = self._load(replica, now)
         self._views[replica.id] = Candidate(
-            replica.id, load.score, load.saturated, replica.inflight, 0.0
+            replica.id,
+            load.score,
+            load.saturated,
+            replica.inflight,
+            0.0,
+            replica.pending,
+            max(load.requests, replica.inflight),
         )
 
     def _load(self, replica: Replica, now: float) -> Load:

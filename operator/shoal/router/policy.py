@@ -26,14 +26,23 @@ class Candidate(NamedTuple):
     replica: str
     load: float  # the load score L, 1.0 when metrics are stale
     saturated: bool
-    inflight: int
+    inflight: int  # this router's requests in flight to it
     hit: float = 0.0  # expected share of the prompt's prefix blocks it holds
+    # Prompt tokens this router sent it that it has not prefilled yet (its
+    # estimate of their uncached part; a request's share leaves with its
+    # first output token). Moves at once, where scraped queues lag a scrape.
+    pending: float = 0.0
+    # Requests on it: running + waiting as last scraped, or this router's own
+    # in-flight count when that is higher (the scrape has not seen them yet).
+    requests: float = 0.0
 
 
 @dataclass(frozen=True)
 class RequestFacts:
     affinity_key: int  # hash of the first prefix block (or of the whole short prompt)
     session_key: int | None = None
+    prompt_tokens: float = 0.0  # estimated from the rendered prompt's length
+    prefix_tokens: float = 0.0  # the part of it the prefix blocks cover
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,7 @@ def _rendezvous(candidates: Sequence[Candidate], key: int) -> Candidate:
 _REPLICA = operator.attrgetter("replica")
 _LOAD = operator.attrgetter("load")
 _HIT = operator.attrgetter("hit")
+_REQUESTS = operator.attrgetter("requests")
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 
 
@@ -95,7 +105,7 @@ class Chooser:
             )
         if policy is Policy.PREFIX:
             return self._best(eligible, facts.affinity_key, beta=0.0, reason="prefix")
-        return self._cache_aware(candidates, eligible, facts)
+        return self._cache_aware(eligible, facts)
 
     def _least_loaded(self, eligible: Sequence[Candidate], key: int, reason: str) -> Choice:
         return self._best(eligible, key, beta=1.0, reason=reason, hit_weight=0.0)
@@ -137,23 +147,40 @@ class Chooser:
             return Choice(home.replica, home.hit, "session")
         return None
 
-    def _cache_aware(
-        self, candidates: Sequence[Candidate], eligible: Sequence[Candidate], facts: RequestFacts
-    ) -> Choice:
-        if (session := self._session(candidates, eligible, facts)) is not None:
-            return session
-        # Bounded load (consistent hashing with bounded loads, counted in units
-        # of one request's load): a replica may take the request only if, with
-        # it, it stays within ceil((1 + epsilon) x the mean). A hot shared
-        # prefix therefore spreads over the fleet instead of pinning one replica.
-        unit = self.config.weights.running / self.config.max_num_seqs
-        total = sum(map(_LOAD, eligible)) / unit + 1
-        # Below a few requests a replica is nowhere near busy (and its scraped
-        # counts lag by a scrape interval): keep affinity there.
+    def _cache_aware(self, eligible: Sequence[Candidate], facts: RequestFacts) -> Choice:
+        """The replica that will answer first: least prefill work ahead of
+        the request's first token, counting what it would have to prefill of
+        this prompt (what it does not hold), what it still has to prefill of
+        what this router sent it, and a penalty for its scraped load; within
+        bounded load. Scores within the tie tolerance go by rendezvous hashing
+        of the prompt's first block, so cold prefixes spread evenly and
+        routers with slightly different views agree.
+
+        A conversation's own history is its longest prefix, held where its
+        previous turn went, so sessions keep their replica through the index
+        rather than through a hash of their id (which would copy every shared
+        system prompt onto every replica)."""
+        config = self.config
+        # Bounded load (consistent hashing with bounded loads, counted in
+        # requests): a replica may take the request only if, with it, it
+        # stays within ceil((1 + epsilon) x the mean). A hot shared prefix
+        # therefore spreads over the fleet instead of pinning one replica.
+        # Below a few requests a replica is nowhere near busy: keep affinity.
+        total = sum(map(_REQUESTS, eligible)) + 1
         capacity = max(
-            math.ceil((1 + self.config.epsilon) * total / len(eligible)),
-            self.config.bounded_load_min_requests,
+            math.ceil((1 + config.epsilon) * total / len(eligible)),
+            config.bounded_load_min_requests,
         )
-        limit = (capacity - 1) * unit + 1e-12
-        bounded = [c for c in eligible if c.load <= limit] or [min(eligible, key=_LOAD)]
-        return self._best(bounded, facts.affinity_key, beta=self.config.beta, reason="cache-aware")
+        bounded = [c for c in eligible if c.requests + 1 <= capacity] or [
+            min(eligible, key=_REQUESTS)
+        ]
+        tokens = max(facts.prompt_tokens, 1.0)
+        covered = facts.prefix_tokens
+        load_tokens = config.beta * config.load_tokens
+        costs = [c.pending + tokens - c.hit * covered + load_tokens * c.load for c in bounded]
+        # Near ties are judged on the scale of the scores: the prompt plus
+        # what a full load is worth.
+        limit = min(costs) + config.tie_tolerance * (tokens + load_tokens)
+        tied = [c for c, cost in zip(bounded, costs, strict=True) if cost <= limit]
+        pick = _rendezvous(tied, facts.affinity_key) if len(tied) > 1 else tied[0]
+        return Choice(pick.replica, pick.hit, "cache-aware")

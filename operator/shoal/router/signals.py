@@ -92,6 +92,7 @@ def _int_label(value: str | None) -> int | None:
 class Load:
     score: float
     saturated: bool
+    requests: float = 0.0  # running + waiting as scraped (0 when unknown)
 
 
 def load_from_signals(
@@ -112,7 +113,7 @@ def load_from_signals(
         + w.running * min(running / seqs, 1.0)
     )
     saturated = signals.kv_usage >= config.saturation_kv or waiting >= config.q_norm
-    return Load(score=score, saturated=saturated)
+    return Load(score=score, saturated=saturated, requests=signals.running + signals.waiting)
 
 
 def load_from_inflight(*, inflight: int, config: RouterConfig) -> Load:
