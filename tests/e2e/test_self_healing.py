@@ -1,8 +1,11 @@
 """Self-healing on the testbed: a hung engine (its /health still 200) is
 taken out of rotation, its group restarted, and it rejoins after warm-up
 (the time from the fault to out-of-rotation and back in is printed); the
-restart budget stops a replica that keeps hanging; pods of a lost node are
-recreated on another."""
+restart budget stops a replica that keeps hanging; replicas that all fail at
+once on connection-level errors are left alone and serving, the cluster
+Degraded; a replica whose requests fail through the router (read from the
+router's metrics) is restarted for it; pods of a lost node are recreated on
+another."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from tests.e2e.operator_env import (
     WARMED,
     cluster,
     cluster_manifest,
+    complete,
     condition_of,
     events,
     router_url,
@@ -145,6 +149,134 @@ def test_the_restart_budget_stops_a_replica_that_keeps_hanging(testbed: Testbed,
     reasons = [e["reason"] for e in events(testbed, ns, "budget")]
     assert reasons.count("ReplicaRestarted") == 2
     assert reasons.count("RestartBudgetExhausted") == 1
+
+
+def _degraded(bed: Testbed, ns: str, name: str) -> dict[str, Any]:
+    status = cluster(bed, ns, name).get("status", {})
+    found: dict[str, Any] = {c["type"]: c for c in status.get("conditions", [])}.get("Degraded", {})
+    return found
+
+
+def test_replicas_failing_at_once_on_connection_errors_are_left_serving_and_degraded(
+    testbed: Testbed, ns: str
+) -> None:
+    manifest = cluster_manifest(
+        "cutoff", replicas=2, engine=_engine_args("--sim-fault-api"), health=FAST_HEALTH
+    )
+    apply(testbed, ns, manifest)
+    wait_ready(testbed, ns, "cutoff", 2)
+    url = router_url(testbed, ns, "cutoff")
+    names = ["cutoff-r0-0", "cutoff-r1-0"]
+    pods = [_pod(testbed, ns, name) for name in names]
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods if p is not None}
+    engines = [f"http://{p['status']['podIP']}:8000" for p in pods if p is not None]
+    assert len(uids) == len(engines) == 2
+    # Every connection to both engines is reset: what the operator sees when
+    # it, not the engines, is cut off from them. Half a check period apart,
+    # as a partition reaches connections: the first replica reaches
+    # failureThreshold a check before the second and must not be restarted.
+    fault_at = time.monotonic()
+    for engine in engines:
+        httpx.post(engine + "/_sim/fault", json={"connections": "reset"}, timeout=5)
+        time.sleep(0.5)
+    try:
+        with pytest.raises(httpx.TransportError):
+            httpx.get(engines[0] + "/health", timeout=5)
+        degraded = wait_for(
+            lambda: (d := _degraded(testbed, ns, "cutoff")).get("status") == "True" and d,
+            what="cutoff Degraded",
+            timeout=30,
+            interval=0.2,
+        )
+        degraded_after = time.monotonic() - fault_at
+        assert degraded["reason"] == "ManyReplicasUnreachable", degraded
+        assert "replicas 0, 1 fail at once on connection-level errors" in degraded["message"]
+        # Several more checks (a second each, two failures in a row to act):
+        # neither replica is restarted or taken out of rotation.
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            for name in names:
+                pod = _pod(testbed, ns, name)
+                assert pod is not None and pod["metadata"]["uid"] == uids[name], name
+                assert condition_of(pod, WARMED)["status"] == "True", name
+                assert condition_of(pod, "Ready")["status"] == "True", name
+            time.sleep(0.5)
+        assert _degraded(testbed, ns, "cutoff")["reason"] == "ManyReplicasUnreachable"
+    finally:
+        for engine in engines:
+            httpx.post(engine + "/_sim/fault", json={"connections": "ok"}, timeout=5)
+    # The network is back: the same engines serve through the router again and
+    # the cluster is no longer Degraded, with no restart at all.
+    wait_for(
+        lambda: complete(url, "after the cut").status_code == 200,
+        what="requests through the router",
+        timeout=30,
+    )
+    wait_for(
+        lambda: _degraded(testbed, ns, "cutoff").get("status") == "False",
+        what="cutoff no longer Degraded",
+        timeout=30,
+        interval=0.2,
+    )
+    print(f"\nboth replicas cut off -> Degraded (ManyReplicasUnreachable) {degraded_after:.1f}s")
+    for name in names:
+        pod = _pod(testbed, ns, name)
+        assert pod is not None and pod["metadata"]["uid"] == uids[name]
+    status = cluster(testbed, ns, "cutoff")["status"]
+    assert [r["restarts"] for r in status["replicaStatuses"]] == [0, 0]
+    reasons = [e["reason"] for e in events(testbed, ns, "cutoff")]
+    assert reasons.count("ManyReplicasUnreachable") == 1
+    assert "ReplicaRestarted" not in reasons
+
+
+def test_a_replica_failing_requests_through_the_router_is_restarted_for_it(
+    testbed: Testbed, ns: str
+) -> None:
+    # The canary fails too, at the same rate: three failed checks in a row on
+    # the canary alone would take 0.5^3 luck, while the router sees ~half of
+    # the replica's requests fail every check.
+    health = {
+        **FAST_HEALTH,
+        "failureThreshold": 3,
+        "routerErrors": {"threshold": 0.25, "minRequests": 10},
+    }
+    manifest = cluster_manifest(
+        "errors", replicas=2, engine=_engine_args("--sim-fault-api"), health=health
+    )
+    apply(testbed, ns, manifest)
+    wait_ready(testbed, ns, "errors", 2)
+    url = router_url(testbed, ns, "errors")
+    before = _pod(testbed, ns, "errors-r1-0")
+    assert before is not None
+    old_uid = before["metadata"]["uid"]
+    engine = f"http://{before['status']['podIP']}:8000"
+    with SteadyLoad(url, pause=0.02) as load:
+        wait_for(lambda: len(load.routed) >= 10, what="steady load flowing", timeout=30)
+        httpx.post(engine + "/_sim/fault", json={"error_rate": 0.5}, timeout=5).raise_for_status()
+        fault_at = time.monotonic()
+
+        def restarted() -> dict[str, Any] | None:
+            status = cluster(testbed, ns, "errors").get("status", {})
+            entries = status.get("replicaStatuses") or []
+            entry = next((r for r in entries if r["index"] == 1), {})
+            return entry if entry.get("restarts") else None
+
+        entry = wait_for(restarted, what="errors-r1-0 restarted", timeout=60, interval=0.2)
+        took = time.monotonic() - fault_at
+    print(f"\n50% errors through the router -> restart {took:.1f}s: {entry['lastRestartReason']}")
+    assert entry["lastRestartReason"].startswith("RequestsFailing")
+    assert "of routed requests failed" in entry["lastRestartReason"]
+    assert "answered 5xx through the router" in entry["lastRestartReason"]
+    wait_for(
+        lambda: (
+            (p := _pod(testbed, ns, "errors-r1-0")) is not None and p["metadata"]["uid"] != old_uid
+        ),
+        what="a new errors-r1-0",
+        timeout=30,
+    )
+    wait_ready(testbed, ns, "errors", 2)
+    status = cluster(testbed, ns, "errors")["status"]
+    assert next(r for r in status["replicaStatuses"] if r["index"] == 0)["restarts"] == 0
 
 
 def _set_node_ready(bed: Testbed, node: str, status: str) -> None:

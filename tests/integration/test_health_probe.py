@@ -13,21 +13,26 @@ from pathlib import Path
 
 import httpx
 
-from shoal.health.assess import HealthTracker, Outcome, Reason
+from shoal.health.assess import Assessment, HealthTracker, Outcome, Reason
 from shoal.health.probe import probe
 from tests.integration.procs import MODEL, engine_metric, set_fault, sims
 
 
-def assess(url: str, *, canary_timeout: float = 1.0) -> tuple[Outcome, Reason]:
-    async def once() -> tuple[Outcome, Reason]:
+def assessment(url: str, *, canary_timeout: float = 1.0) -> tuple[Outcome, Assessment]:
+    async def once() -> tuple[Outcome, Assessment]:
         async with httpx.AsyncClient() as client:
             result = await probe(
                 client, url, model=MODEL, health_timeout=2, canary_timeout=canary_timeout
             )
         verdict = HealthTracker(stall_seconds=30, failure_threshold=1).observe(result)
-        return result.canary, verdict.reason
+        return result.canary, verdict
 
     return asyncio.run(once())
+
+
+def assess(url: str, *, canary_timeout: float = 1.0) -> tuple[Outcome, Reason]:
+    canary, verdict = assessment(url, canary_timeout=canary_timeout)
+    return canary, verdict.reason
 
 
 def test_each_fault_is_detected_with_its_reason(tmp_path: Path) -> None:
@@ -40,8 +45,15 @@ def test_each_fault_is_detected_with_its_reason(tmp_path: Path) -> None:
         assert assess(hung) == (Outcome.TIMEOUT, Reason.HUNG)
         assert assess(failing)[1] is Reason.FAILING
         assert assess(broken)[1] is Reason.METRICS
+        # Only connection-level failures may mean the operator is cut off.
+        assert not any(assessment(u)[1].connection_level for u in (hung, failing, broken))
+        set_fault(broken, metrics="ok", connections="reset")
+        _, verdict = assessment(broken)
+        assert (verdict.reason, verdict.connection_level) == (Reason.DEAD, True)
+        assert verdict.detail == "/health refused"
         urls.kill(0)
-        assert assess(healthy)[1] is Reason.DEAD
+        _, verdict = assessment(healthy)
+        assert (verdict.reason, verdict.connection_level) == (Reason.DEAD, True)
 
 
 def test_slow_but_working_engines_are_left_alone(tmp_path: Path) -> None:

@@ -68,6 +68,44 @@ def test_a_crash_turns_health_503_then_the_process_exits(tmp_path: Path) -> None
         assert refused(port)
 
 
+def test_a_connection_reset_fault_resets_every_request_but_the_fault_api(
+    tmp_path: Path,
+) -> None:
+    with sim(tmp_path, "--sim-fault-api") as (_, url), httpx.Client(timeout=5) as client:
+        assert client.get(f"{url}/health").status_code == 200  # a kept-alive connection
+        assert (
+            client.post(f"{url}/_sim/fault", json={"connections": "reset"}).json()["connections"]
+            == "reset"
+        )
+        # Pooled and fresh connections alike: a reset, never an HTTP answer.
+        for path in ("/health", "/metrics", "/v1/models"):
+            with pytest.raises(httpx.ReadError, match="reset by peer"):
+                client.get(f"{url}{path}")
+        with pytest.raises((httpx.ReadError, httpx.RemoteProtocolError)):
+            httpx.post(f"{url}/v1/completions", json=COMPLETION, timeout=5)
+        # The connection is accepted (not refused): the failure is the reset.
+        port = int(url.rsplit(":", 1)[1])
+        assert not refused(port)
+        assert client.get(f"{url}/_sim/fault").json()["connections"] == "reset"
+        bad = client.post(f"{url}/_sim/fault", json={"connections": "drop"})
+        assert bad.status_code == 400 and "connections must be one of" in bad.text
+        client.post(f"{url}/_sim/fault", json={"connections": "ok"}).raise_for_status()
+        assert client.get(f"{url}/health").status_code == 200
+        response = client.post(f"{url}/v1/completions", json=COMPLETION)
+        assert response.json()["usage"]["completion_tokens"] == 50
+
+
+def test_connection_reset_by_flag(tmp_path: Path) -> None:
+    port = free_ports(1)[0]
+    with sim(tmp_path, "--sim-connections", "reset", port=port, wait=False) as (process, url):
+        deadline = time.monotonic() + 20
+        while refused(port):  # loading
+            assert time.monotonic() < deadline and process.proc.poll() is None
+            time.sleep(0.05)
+        with pytest.raises(httpx.ReadError):
+            httpx.get(f"{url}/health", timeout=5)
+
+
 def test_crash_by_flag_exits(tmp_path: Path) -> None:
     port = free_ports(1)[0]
     args = ("--sim-crash-after", "0.5", "--sim-crash-exit-seconds", "0.2")

@@ -32,6 +32,7 @@ HUNG = Assessment(
     Reason.HUNG, "canary timed out and no token was generated meanwhile", 3, True, False
 )
 REFUSED = Assessment(Reason.DEAD, "/health refused", 3, True, True)
+REFUSED_ONCE = Assessment(Reason.DEAD, "/health refused", 1, False, True)
 ONCE = Assessment(Reason.HUNG, "canary timed out", 1, False, False)
 OK = Assessment(Reason.HEALTHY, "passed", 0, False, False)
 
@@ -155,6 +156,27 @@ def test_many_replicas_failing_at_once_on_connection_errors_restart_none() -> No
     # Hung (answering, not connection-level) replicas are still healed.
     hung = run(desired, serving(range(3), desired), r0=HUNG, r1=HUNG)
     assert sorted(p.name for p in hung.delete_pods) == ["c-r0-0", "c-r1-0"]
+
+
+def test_replicas_failing_together_are_left_alone_though_they_reach_the_threshold_apart() -> None:
+    desired = healing(3, max_unavailable=3)
+    observed = serving(range(3), desired)
+    # r0 reached failureThreshold; r1's first connection-level failure is in.
+    first = run(desired, observed, r0=REFUSED, r1=REFUSED_ONCE, r2=OK)
+    assert not first.delete_pods and not first.gates and not first.restarts
+    assert first.degraded is not None and first.degraded[0] == "ManyReplicasUnreachable"
+    assert "replicas 0, 1 fail at once" in first.degraded[1]
+    assert [e.reason for e in first.events] == ["ManyReplicasUnreachable"]
+    assert first.memory.unreachable == {0, 1}
+    # Still so on the next pass: no second Event, still no restart.
+    again = run(desired, observed, first.memory, NOW + 1, r0=REFUSED, r1=REFUSED, r2=OK)
+    assert not again.delete_pods and not again.events and again.degraded is not None
+    # The network came back: no longer Degraded, nothing restarted.
+    back = run(desired, observed, again.memory, NOW + 2, r0=OK, r1=OK, r2=OK)
+    assert back.degraded is None and not back.delete_pods and not back.memory.unreachable
+    # One replica alone failing on connection errors is still restarted.
+    alone = run(desired, observed, back.memory, NOW + 3, r0=REFUSED, r2=OK)
+    assert [p.name for p in alone.delete_pods] == ["c-r0-0"]
 
 
 def test_a_replica_out_of_rotation_that_recovers_is_admitted_again() -> None:

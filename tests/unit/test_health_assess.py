@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shoal.health.assess import HealthTracker, Outcome, Probe, Reason
+from shoal.health.router_errors import Routed
 
 
 def tracker(threshold: int = 3) -> HealthTracker:
@@ -83,8 +84,9 @@ def test_failing_requests_and_broken_metrics_count() -> None:
         )
     )
     assert failing.reason is Reason.FAILING and "500" in failing.detail
-    routed = tracker(threshold=1).observe(healthy(0), router_error_rate=0.8)
+    routed = tracker(threshold=1).observe(healthy(0), routed=Routed(25, 20))
     assert routed.reason is Reason.FAILING and "80%" in routed.detail
+    assert "20 of 25" in routed.detail
     blind = tracker(threshold=1).observe(
         Probe(at=0, health=Outcome.OK, canary=Outcome.OK, metrics_ok=False)
     )

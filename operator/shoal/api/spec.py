@@ -574,6 +574,27 @@ class RestartBudget(ApiModel):
     )
 
 
+class RouterErrors(ApiModel):
+    """A replica whose requests fail through the router (read each check period from the
+    routers' shoal_router_requests counters) fails that check."""
+
+    enabled: bool = Field(default=True, description="Read the routers' per-replica counters.")
+    threshold: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Share of a replica's routed requests answered 5xx since the last check "
+        "at which the check fails.",
+    )
+    min_requests: int = Field(
+        default=20,
+        ge=1,
+        le=1000000,
+        description="Fewer routed requests than this since the last check give no verdict, "
+        "so a trickle of errors never restarts a replica.",
+    )
+
+
 class HealthSpec(ApiModel):
     """Self-healing: finding engines that are dead or hung, and restarting them."""
 
@@ -605,6 +626,7 @@ class HealthSpec(ApiModel):
     )
     restart_backoff: RestartBackoff = Field(default_factory=RestartBackoff)
     restart_budget: RestartBudget = Field(default_factory=RestartBudget)
+    router_errors: RouterErrors = Field(default_factory=RouterErrors)
     node_loss_seconds: int = Field(
         default=300,
         ge=1,

@@ -119,6 +119,9 @@ class Memory:
     # out of rotation because their engine is unhealthy.
     restart_times: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
     sick: frozenset[int] = frozenset()
+    # Replicas failing together on connection-level errors, left alone (the
+    # Event is posted when this starts, not every pass).
+    unreachable: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,7 @@ class Decision:
     requeue_seconds: float | None = None
     degraded: tuple[str, str] | None = None  # reason, message
     unhealthy: set[int] = field(default_factory=set)  # out of rotation, not being restarted
+    unreachable: set[int] = field(default_factory=set)  # failing together: left alone
 
     def poll(self, seconds: float = POLL_SECONDS) -> None:
         if self.requeue_seconds is None or seconds < self.requeue_seconds:
@@ -232,6 +236,7 @@ def decide(
             set(memory.sick),
             now,
             skip=broken | decision.replacing,
+            was_unreachable=memory.unreachable,
         )
     _admit(decision, observed, desired, probes, wanted & existing, skip=broken | sick)
     decision.memory = Memory(
@@ -239,6 +244,7 @@ def decide(
         drain_started=drain_started,
         restart_times={i: t for i, t in restart_times.items() if i in wanted},
         sick=frozenset(sick),
+        unreachable=frozenset(decision.unreachable),
     )
     return decision
 
@@ -267,10 +273,15 @@ def heal(
     now: float,
     *,
     skip: set[int],
+    was_unreachable: frozenset[int] = frozenset(),
 ) -> set[int]:
     """Restart unhealthy replicas within the rules; returns the replicas kept
     out of rotation for their health (not to be admitted by this pass)."""
     failing: dict[int, tuple[ReplicaFacts, Assessment]] = {}
+    # Replicas whose latest check failed on a connection-level error, whether
+    # or not they reached failureThreshold yet: replicas that fail together
+    # reach it one check apart, and the first must not be restarted alone.
+    unreachable: list[int] = []
     for index in sorted(desired.replicas):
         replica = observed.replica(index)
         leader = replica.leader_pod
@@ -279,16 +290,21 @@ def heal(
         found = health.get(leader.uid)
         if found is None or found.ok:
             continue  # not checked yet, or healthy again
+        if found.connection_level:
+            unreachable.append(index)
         if found.unhealthy or index in sick:
             failing[index] = (replica, found)
-    cut_off = sorted(i for i, (_, a) in failing.items() if a.unhealthy and a.connection_level)
-    if len(cut_off) >= 2:
-        decision.degraded = (
-            "ManyReplicasUnreachable",
-            f"replicas {', '.join(map(str, cut_off))} fail at once on connection-level errors; "
-            "the operator may be the one cut off, so none is restarted",
+    if len(unreachable) >= 2 and any(i in failing for i in unreachable):
+        message = (
+            f"replicas {', '.join(map(str, unreachable))} fail at once on connection-level "
+            "errors; the operator may be the one cut off, so none is restarted and they stay "
+            "in rotation"
         )
-        return {i for i in failing if i not in cut_off}
+        decision.degraded = ("ManyReplicasUnreachable", message)
+        decision.unreachable = set(unreachable)
+        if not was_unreachable:
+            decision.events.append(Event("Warning", "ManyReplicasUnreachable", message))
+        return {i for i in failing if i not in unreachable}
     exhausted = {i for i in failing if restart_wait(restart_times.get(i, ()), policy, now) is None}
     down = {
         i

@@ -1,25 +1,35 @@
 """The per-cluster health loop: every spec.health.periodSeconds, check each
 target leader (/health, a canary completion, the stall check) with at most
 HEALTH_CONCURRENCY checks at once for the operator, and keep one
-HealthTracker per leader pod uid. It runs beside reconciliation, never in a
-pass: a pass hands it the current targets and reads the latest assessments;
-the loop wakes the cluster when an assessment turns unhealthy or changes."""
+HealthTracker per leader pod uid. Beside the checks it scrapes the cluster's
+router pods' /metrics: what each replica answered through them since the last
+round (their shoal_router_requests counters) feeds its tracker too. It runs
+beside reconciliation, never in a pass: a pass hands it the current targets
+and router pods and reads the latest assessments; the loop wakes the cluster
+once a round, after every check of the round is in (so replicas failing at
+once are seen at once), when an assessment turned unhealthy or changed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import httpx
 
 from shoal.api.spec import HealthSpec
 from shoal.controller.identity import ClusterRef
-from shoal.controller.probes import HEALTH_TIMEOUT_SECONDS, engine_url
-from shoal.health.assess import Assessment, HealthTracker
+from shoal.controller.names import ROUTER_PORT
+from shoal.controller.probes import HEALTH_TIMEOUT_SECONDS, METRICS_TIMEOUT_SECONDS, engine_url
+from shoal.health.assess import Assessment, HealthTracker, Probe
 from shoal.health.probe import probe
+from shoal.health.router_errors import (
+    Routed,
+    RouterErrorWindow,
+    parse_router_requests,
+)
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +40,7 @@ HEALTH_CONCURRENCY = 16
 class Target:
     ip: str
     model: str
+    name: str = ""  # the leader pod's name: the routers' replica label
 
 
 class _ClusterChecks:
@@ -37,6 +48,8 @@ class _ClusterChecks:
         self.health = health
         self.wake = wake
         self.targets: dict[str, Target] = {}
+        self.routers: dict[str, str] = {}  # router pod uid -> IP
+        self.window = RouterErrorWindow()
         self.trackers: dict[str, HealthTracker] = {}
         self.latest: dict[str, Assessment] = {}
         self.task: asyncio.Task[None] | None = None
@@ -54,12 +67,16 @@ class HealthChecks:
         health: HealthSpec,
         targets: dict[str, Target],
         wake: Callable[[], None],
+        routers: Mapping[str, str] | None = None,
     ) -> dict[str, Assessment]:
-        """Set the cluster's targets (by pod uid); the latest assessments of them."""
+        """Set the cluster's targets (by pod uid) and router pods (uid -> IP,
+        scraped for per-replica errors when spec.health.routerErrors is
+        enabled); the latest assessments of the targets."""
         checks = self._clusters.get(ref)
         if checks is None:
             checks = self._clusters[ref] = _ClusterChecks(health, wake)
         checks.health, checks.wake, checks.targets = health, wake, dict(targets)
+        checks.routers = dict(routers or {}) if health.router_errors.enabled else {}
         for uid in [u for u in checks.trackers if u not in targets]:
             del checks.trackers[uid]
             checks.latest.pop(uid, None)
@@ -85,34 +102,70 @@ class HealthChecks:
 
     async def _loop(self, checks: _ClusterChecks) -> None:
         while checks.targets:
-            await asyncio.gather(
-                *(self._check(checks, uid, target) for uid, target in checks.targets.items())
-            )
+            targets = dict(checks.targets)
+            scraping = asyncio.create_task(self._routed(checks))
+            found = await asyncio.gather(*(self._probe(checks, t) for t in targets.values()))
+            routed = await scraping
+            wake = False
+            for (uid, target), result in zip(targets.items(), found, strict=True):
+                if result is not None and uid in checks.targets:  # not gone meanwhile
+                    wake |= self._assess(checks, uid, target, result, routed.get(target.name))
+            if wake:
+                with contextlib.suppress(Exception):
+                    checks.wake()
             await asyncio.sleep(checks.health.period_seconds)
 
-    async def _check(self, checks: _ClusterChecks, uid: str, target: Target) -> None:
-        health = checks.health
+    async def _probe(self, checks: _ClusterChecks, target: Target) -> Probe | None:
         async with self._limit:
             try:
-                found = await probe(
+                return await probe(
                     self._http(),
                     engine_url(target.ip, ""),
                     model=target.model,
                     health_timeout=HEALTH_TIMEOUT_SECONDS,
-                    canary_timeout=float(health.canary_timeout_seconds),
+                    canary_timeout=float(checks.health.canary_timeout_seconds),
                 )
             except Exception:  # a bug in one check must not end the loop
                 log.exception("health check of %s failed", target.ip)
-                return
-        if uid not in checks.targets:
-            return  # gone while it was checked
+                return None
+
+    async def _routed(self, checks: _ClusterChecks) -> dict[str, Routed]:
+        """What each replica (by pod name) answered through the routers since
+        the last round; empty when no router is known or none answered."""
+        routers = dict(checks.routers)
+        scrapes = await asyncio.gather(*(self._router_counts(ip) for ip in routers.values()))
+        return checks.window.advance(dict(zip(routers, scrapes, strict=True)))
+
+    async def _router_counts(self, ip: str) -> dict[str, Routed] | None:
+        try:
+            response = await self._http().get(
+                engine_url(ip, "/metrics", port=ROUTER_PORT), timeout=METRICS_TIMEOUT_SECONDS
+            )
+            if response.status_code != 200:
+                return None
+            return parse_router_requests(response.text)
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def _assess(
+        self,
+        checks: _ClusterChecks,
+        uid: str,
+        target: Target,
+        found: Probe,
+        routed: Routed | None,
+    ) -> bool:
+        """Record the assessment; whether the cluster should look at it now."""
+        health = checks.health
         tracker = checks.trackers.get(uid)
         if tracker is None:
             tracker = checks.trackers[uid] = HealthTracker(
                 stall_seconds=float(health.stall_seconds),
                 failure_threshold=health.failure_threshold,
+                error_rate_threshold=health.router_errors.threshold,
+                routed_min_requests=health.router_errors.min_requests,
             )
-        assessment = tracker.observe(found)
+        assessment = tracker.observe(found, routed=routed)
         before = checks.latest.get(uid)
         checks.latest[uid] = assessment
         changed = before is None or (before.reason, before.unhealthy) != (
@@ -121,6 +174,4 @@ class HealthChecks:
         )
         if not assessment.ok:
             log.info("%s: %s (%d in a row)", target.ip, assessment.detail, assessment.consecutive)
-        if changed and (assessment.unhealthy or before is not None):
-            with contextlib.suppress(Exception):
-                checks.wake()
+        return changed and (assessment.unhealthy or before is not None)

@@ -47,6 +47,7 @@ from shoal.controller.names import (
     CONDITION_WARMED,
     engine_selector,
     router_name,
+    router_selector,
     selector_text,
 )
 from shoal.controller.observe import Observed, observe
@@ -219,12 +220,19 @@ async def _probe(
     if spec is not None:
         assert nodes is not None
         targets = {
-            pod.uid: Target(pod.ip or "", served_model_name(spec))
+            pod.uid: Target(pod.ip or "", served_model_name(spec), pod.name)
             for pod in health_targets(observed, wanted=wanted, nodes=nodes, sick=state.memory.sick)
             if pod.ip
         }
+        routers = (
+            await _router_pods(ctx, ref) if targets and spec.health.router_errors.enabled else {}
+        )
         assessed = ctx.health.update(
-            ref, spec.health, targets, lambda: ctx.wakeups.poke((ref.namespace, ref.name))
+            ref,
+            spec.health,
+            targets,
+            lambda: ctx.wakeups.poke((ref.namespace, ref.name)),
+            routers=routers,
         )
     return Probes(
         healthy=healthy,
@@ -232,6 +240,24 @@ async def _probe(
         warmups=ctx.warmups.outcomes(ref, live),
         health=assessed,
     )
+
+
+async def _router_pods(ctx: OperatorContext, ref: ClusterRef) -> dict[str, str]:
+    """The cluster's running router pods (uid -> IP), whose /metrics the health
+    loop reads for each replica's errors; none when they cannot be listed."""
+    try:
+        pods = await ctx.kube.list(
+            "v1", "Pod", ref.namespace, selector_text(router_selector(ref.name))
+        )
+    except ApiError:
+        return {}
+    found = {}
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        ip = status.get("podIP")
+        if ip and status.get("phase") == "Running" and not meta.get("deletionTimestamp"):
+            found[str(meta.get("uid"))] = str(ip)
+    return found
 
 
 async def _nodes_not_ready(

@@ -3,8 +3,11 @@ has failed often enough in a row to be restarted."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from shoal.health.router_errors import Routed
 
 
 class Outcome(StrEnum):
@@ -59,14 +62,24 @@ class HealthTracker:
 
     stall_seconds: float
     failure_threshold: int
+    # Routed requests: a check fails when at least this share of the replica's
+    # requests through the router failed over the last failure_threshold
+    # checks, counting only when it answered at least routed_min_requests
+    # then (a trickle says nothing). Over several checks, not one: once a
+    # router's circuit breaker opens on the replica it gets no request, and
+    # a rate of one period alone would fall silent before the threshold.
     error_rate_threshold: float = 0.5
+    routed_min_requests: int = 20
     consecutive: int = 0
     _last_tokens: float | None = None
     _progress_at: float | None = None
     _history: list[Reason] = field(default_factory=list)
+    _routed: deque[Routed] = field(default_factory=deque)
 
-    def observe(self, probe: Probe, *, router_error_rate: float | None = None) -> Assessment:
-        reason, detail = self._classify(probe, router_error_rate)
+    def observe(self, probe: Probe, *, routed: Routed | None = None) -> Assessment:
+        """routed: what the replica answered through the routers since the
+        last check (None when unknown)."""
+        reason, detail = self._classify(probe, self._routed_failing(routed))
         self.consecutive = 0 if reason is Reason.HEALTHY else self.consecutive + 1
         return Assessment(
             reason=reason,
@@ -88,7 +101,24 @@ class HealthTracker:
             return 0.0
         return probe.at - self._progress_at
 
-    def _classify(self, probe: Probe, router_error_rate: float | None) -> tuple[Reason, str]:
+    def _routed_failing(self, routed: Routed | None) -> str | None:
+        """Why the replica's routed requests count as failing, if they do."""
+        self._routed.append(routed or Routed())
+        while len(self._routed) > max(self.failure_threshold, 1):
+            self._routed.popleft()
+        total = sum(self._routed, Routed())
+        if total.requests < max(self.routed_min_requests, 1):
+            return None
+        if total.rate < self.error_rate_threshold:
+            return None
+        checks = len(self._routed)
+        over = "the last check" if checks == 1 else f"the last {checks} checks"
+        return (
+            f"{total.rate:.0%} of routed requests failed ({total.errors:.0f} of "
+            f"{total.requests:.0f} answered 5xx through the router over {over})"
+        )
+
+    def _classify(self, probe: Probe, routed_failing: str | None) -> tuple[Reason, str]:
         stalled = self._stalled_for(probe)
         if probe.health is not Outcome.OK:
             status = f" {probe.health_status}" if probe.health_status else ""
@@ -104,9 +134,10 @@ class HealthTracker:
             )
         if probe.canary in (Outcome.ERROR, Outcome.REFUSED):
             status = f" {probe.canary_status}" if probe.canary_status else ""
-            return Reason.FAILING, f"canary completion {probe.canary.value}{status}"
-        if router_error_rate is not None and router_error_rate >= self.error_rate_threshold:
-            return Reason.FAILING, f"{router_error_rate:.0%} of routed requests failed"
+            detail = f"canary completion {probe.canary.value}{status}"
+            return Reason.FAILING, f"{detail}; {routed_failing}" if routed_failing else detail
+        if routed_failing is not None:
+            return Reason.FAILING, routed_failing
         if not probe.metrics_ok:
             return Reason.METRICS, "/metrics unavailable: the router counts it as full load"
         return Reason.HEALTHY, "health, canary and progress checks passed"

@@ -25,8 +25,19 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--model", help="served model name (default: the engine's first)")
     parser.add_argument("--watch", action="store_true", help="probe every --interval seconds")
     parser.add_argument("--interval", type=float, default=10.0)
-    parser.add_argument("--health-timeout", type=float, default=5.0)
-    parser.add_argument("--canary-timeout", type=float, default=10.0)
+    # Defaults for a real engine: the tier's real vLLM (CPU) answers the canary
+    # in well under a second; a stopped engine core is called hung one canary
+    # deadline after the probe starts (tests/vllm/test_probe_real.py).
+    parser.add_argument(
+        "--health-timeout", type=float, default=5.0, help="deadline of /health and /metrics (s)"
+    )
+    parser.add_argument(
+        "--canary-timeout",
+        type=float,
+        default=10.0,
+        help="deadline of the max_tokens=1 canary (s); a miss is a hang only while no token "
+        "is generated meanwhile, so a busy engine is not called hung",
+    )
     parser.add_argument("--stall-seconds", type=float, default=60.0)
     parser.add_argument(
         "--failure-threshold",

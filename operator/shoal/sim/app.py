@@ -8,6 +8,9 @@ adds; unknown routes answer FastAPI's `{"detail": ...}` bodies.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -16,6 +19,7 @@ from aiohttp import web
 from shoal.sim import protocol as api
 from shoal.sim import responses as wire
 from shoal.sim.engine import Engine, EngineDeadError, RequestStream
+from shoal.sim.faults import FAULT_PATH
 from shoal.sim.metrics import HTTP_EXCLUDED
 from shoal.sim.scheduler import Status
 
@@ -37,7 +41,7 @@ class EngineApp:
         self.in_flight = 0
 
     def build(self) -> web.Application:
-        app = web.Application(middlewares=[self._http_metrics, self._errors])
+        app = web.Application(middlewares=[self._connections, self._http_metrics, self._errors])
         r = app.router
         r.add_get("/health", self.health, allow_head=False)
         r.add_route("*", "/ping", self.health)
@@ -50,7 +54,7 @@ class EngineApp:
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat_completions)
         if self.config.fault_api:
-            r.add_route("*", "/_sim/fault", self.fault)
+            r.add_route("*", FAULT_PATH, self.fault)
         app.on_response_prepare.append(self._uvicorn_headers)
         return app
 
@@ -60,6 +64,24 @@ class EngineApp:
     async def _uvicorn_headers(_: web.Request, response: web.StreamResponse) -> None:
         response.headers["server"] = "uvicorn"
         response.headers["vary"] = "Origin"
+
+    @web.middleware
+    async def _connections(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The "reset" fault: drop the connection with a TCP RST, no response."""
+        if self.engine.faults.connections != "reset" or request.path == FAULT_PATH:
+            return await handler(request)
+        transport = request.transport
+        if transport is not None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    # Linger 0: close() sends RST instead of FIN.
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            transport.abort()
+        # The lost connection cancels this handler (handler_cancellation); the
+        # answer below is never written.
+        await asyncio.sleep(1.0)
+        return web.Response(status=503)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -20,7 +20,7 @@ import signal
 from collections.abc import Sequence
 
 from shoal.sim.config import EngineConfig
-from shoal.sim.faults import METRICS_MODES, Faults
+from shoal.sim.faults import CONNECTION_MODES, METRICS_MODES, Faults
 from shoal.sim.profiles import DEFAULT_PROFILE, PROFILES
 from shoal.sim.server import Address, run_engines
 
@@ -152,6 +152,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--sim-slowness", type=float, default=1.0)
     s.add_argument("--sim-broken-metrics", choices=METRICS_MODES, default="ok")
     s.add_argument(
+        "--sim-connections",
+        choices=CONNECTION_MODES,
+        default="ok",
+        help="reset: answer every request (but /_sim/fault) with a TCP reset",
+    )
+    s.add_argument(
         "--sim-fault-api",
         action="store_true",
         help="serve /_sim/fault to inject faults at run time",
@@ -187,6 +193,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             error_rate=args.sim_error_rate,
             slowness=args.sim_slowness,
             metrics=args.sim_broken_metrics,
+            connections=args.sim_connections,
         ),
     )
 

@@ -10,6 +10,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 METRICS_MODES = ("ok", "error", "garbage", "hang")
+CONNECTION_MODES = ("ok", "reset")
+# Requests to this path pass a "reset" fault, so it can be lifted again.
+FAULT_PATH = "/_sim/fault"
 
 
 @dataclass
@@ -24,6 +27,11 @@ class Faults:
     # /metrics: "ok", "error" (500), "garbage" (not Prometheus text) or
     # "hang" (never answers).
     metrics: str = "ok"
+    # Connections: "ok", or "reset": every request but those to /_sim/fault
+    # is answered by a TCP reset (RST) and no response, as when the network
+    # path to the engine is cut (a firewall's reject-with-tcp-reset, a lost
+    # route): a connection-level error for every client, not an HTTP status.
+    connections: str = "ok"
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply a /_sim/fault body; ValueError names the first bad field."""
@@ -45,6 +53,8 @@ class Faults:
             raise ValueError("slowness must be a number above 0")
         if self.metrics not in METRICS_MODES:
             raise ValueError(f"metrics must be one of {', '.join(METRICS_MODES)}")
+        if self.connections not in CONNECTION_MODES:
+            raise ValueError(f"connections must be one of {', '.join(CONNECTION_MODES)}")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
