@@ -79,6 +79,15 @@ bench-router: install
 bench-operator: install
 	$(BIN)/python hack/operator_bench.py
 
+# Warm-up gating (issue 7): TTFT P50/P99 while a serving fleet scales 2 -> 3
+# under a steady shared-prefix workload, warm-up on vs off, and the new
+# replica's first-requests hit rate. Uses a running testbed (`make testbed-up`)
+# or starts a private one. More runs: make bench-warmup WARMUP_BENCH_ARGS="--repeat 3"
+WARMUP_BENCH_ARGS ?=
+.PHONY: bench-warmup
+bench-warmup: testbed install
+	$(BIN)/python hack/warmup_bench.py $(WARMUP_BENCH_ARGS)
+
 # The main job: simulated engines behind the cache-aware router with a live
 # per-replica view, then the same workload through round-robin (shoal demo,
 # about a minute); then hack/demo.sh: the same fleet through helm and the

@@ -4,8 +4,11 @@ cache and verified it, and the router sends it nothing before."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +28,7 @@ from tests.e2e.operator_env import (
     router_url,
     wait_ready,
 )
+from tests.sim_fixtures import parse_exposition, value
 
 pytestmark = pytest.mark.e2e
 
@@ -36,16 +40,38 @@ PROMPTS = [
 ]
 
 
+def prompts_sent(gate: dict[str, Any]) -> int:
+    """From the gate's message, e.g. "warm-up: Warm: 12 prompts sent in 1 round(s), ..."."""
+    match = re.search(r"(\d+) prompts sent", gate.get("message", ""))
+    assert match, gate
+    return int(match.group(1))
+
+
 def _time(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-class SteadyLoad:
-    """Requests through the router one after another; (start time, replica) of each."""
+def shared_prefix_prompt(n: int) -> str:
+    """A request of tenant n % 6: its system prompt (a warm-up prompt) and a question."""
+    return str(PROMPTS[n % len(PROMPTS)]["text"]) + f" Question {n}: how do I scale?"
 
-    def __init__(self, url: str) -> None:
+
+class SteadyLoad:
+    """Requests through the router one after another: (start time, replica) of
+    each, and (start, end, replica) for the ones that succeeded."""
+
+    def __init__(
+        self,
+        url: str,
+        prompt: Callable[[int], str] = lambda n: f"question {n}",
+        *,
+        pause: float = 0.05,
+    ) -> None:
         self.url = url
+        self.prompt = prompt
+        self.pause = pause
         self.routed: list[tuple[float, str]] = []
+        self.spans: list[tuple[float, float, str]] = []
         self.failed: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -55,17 +81,22 @@ class SteadyLoad:
             n = 0
             while not self._stop.is_set():
                 started = time.time()
-                body = {"model": MODEL, "prompt": f"question {n}", "max_tokens": 2}
+                body = {"model": MODEL, "prompt": self.prompt(n), "max_tokens": 2}
                 try:
                     response = client.post(self.url + "/v1/completions", json=body)
                     if response.status_code == 200:
-                        self.routed.append((started, response.headers["x-shoal-replica"]))
+                        replica = response.headers["x-shoal-replica"]
+                        self.routed.append((started, replica))
+                        self.spans.append((started, time.time(), replica))
                     else:
                         self.failed.append(f"{response.status_code}: {response.text[:100]}")
                 except httpx.HTTPError as error:
                     self.failed.append(repr(error))
                 n += 1
-                time.sleep(0.05)
+                time.sleep(self.pause)
+
+    def to(self, replica: str) -> list[tuple[float, float, str]]:
+        return [span for span in self.spans if span[2] == replica]
 
     def __enter__(self) -> SteadyLoad:
         self._thread.start()
@@ -76,6 +107,95 @@ class SteadyLoad:
         self._thread.join(timeout=35)
 
 
+@dataclass(frozen=True)
+class EngineSample:
+    at: float
+    requests: float  # finished requests, every reason
+    queries: float  # prefix-cache query tokens
+    hits: float  # prefix-cache hit tokens
+
+
+class EngineSampler:
+    """The engine's own counters, read from its /metrics every 50 ms from the
+    moment the pod has an IP: what happened on it before and after the router
+    first sent it a request, with no help from the engine or the router."""
+
+    def __init__(self, bed: Testbed, ns: str, pod: str) -> None:
+        self.bed, self.ns, self.pod = bed, ns, pod
+        self.samples: list[EngineSample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _ip(self) -> str | None:
+        found = get_json(self.bed, "pods", "-n", self.ns, "--ignore-not-found", "-o", "json")
+        for pod in found.get("items", []):
+            if pod["metadata"]["name"] == self.pod:
+                ip = pod.get("status", {}).get("podIP")
+                return str(ip) if ip else None
+        return None
+
+    def _run(self) -> None:
+        ip = None
+        while ip is None and not self._stop.wait(0.5):
+            ip = self._ip()
+        with httpx.Client(timeout=2) as client:
+            while not self._stop.is_set():
+                try:
+                    text = client.get(f"http://{ip}:8000/metrics").text
+                except httpx.HTTPError:
+                    self._stop.wait(0.05)
+                    continue
+                samples = parse_exposition(text)[1]
+                requests = sum(
+                    v for (name, _), v in samples.items() if name == "vllm:request_success_total"
+                )
+                self.samples.append(
+                    EngineSample(
+                        time.time(),
+                        requests,
+                        value(samples, "vllm:prefix_cache_queries_total"),
+                        value(samples, "vllm:prefix_cache_hits_total"),
+                    )
+                )
+                self._stop.wait(0.05)
+
+    def before(self, moment: float) -> EngineSample:
+        return [s for s in self.samples if s.at < moment][-1]
+
+    def after(self, moment: float) -> EngineSample:
+        return next(s for s in self.samples if s.at > moment)
+
+    def __enter__(self) -> EngineSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def first_requests_hit_rate(
+    load: SteadyLoad, sampler: EngineSampler, replica: str, count: int, warmup_requests: int
+) -> float:
+    """Prefix-cache hit rate of the first `count` routed requests a replica
+    served, from its own counters: the last sample before the first of them
+    started (after the warm-up: all its requests are counted) and the first
+    after the last of them ended."""
+    spans = wait_for(
+        lambda: load.to(replica)[:count] if len(load.to(replica)) >= count else None,
+        what=f"{count} routed requests served by {replica}",
+        timeout=30,
+    )
+    time.sleep(0.2)  # a sample after the last one
+    before = sampler.before(spans[0][0])
+    after = sampler.after(spans[-1][1])
+    assert before.requests >= warmup_requests, (before, warmup_requests)
+    assert after.requests - before.requests >= count, (before, after)
+    rate = (after.hits - before.hits) / (after.queries - before.queries)
+    print(f"\n{replica}: first {count} routed requests hit {rate:.2f} of their prompt tokens")
+    return rate
+
+
 def test_a_new_replica_takes_traffic_only_once_its_warm_up_verified_it_warm(
     testbed: Testbed, ns: str
 ) -> None:
@@ -83,12 +203,19 @@ def test_a_new_replica_takes_traffic_only_once_its_warm_up_verified_it_warm(
         "warm",
         replicas=2,
         tensor=4,
+        # Round-robin gives a new replica its share at once, the case gating is
+        # for (cache-aware steers shared prefixes to the replicas its index
+        # knows hold them, so a new replica would see few of them).
+        router={"policy": "round-robin"},
         warmup={"prompts": PROMPTS, "timeoutSeconds": 60, "minHitRatio": 0.8},
     )
     apply(testbed, ns, manifest)
     wait_ready(testbed, ns, "warm", 2)
     url = router_url(testbed, ns, "warm")
-    with SteadyLoad(url) as load:
+    with (
+        SteadyLoad(url, shared_prefix_prompt) as load,
+        EngineSampler(testbed, ns, "warm-r2-0") as sampler,
+    ):
         wait_for(lambda: len(load.routed) >= 5, what="steady load flowing", timeout=30)
         testbed.kubectl("scale", "vllmcluster/warm", "-n", ns, "--replicas=3")
 
@@ -120,6 +247,11 @@ def test_a_new_replica_takes_traffic_only_once_its_warm_up_verified_it_warm(
             what="routed requests reaching the new replica",
             timeout=30,
         )
+        # Its first routed requests found their tenant's system prompt cached
+        # (cold, the first request of each of its tenants would hit nothing:
+        # about 0.65 over these six).
+        rate = first_requests_hit_rate(load, sampler, "warm-r2-0", 6, prompts_sent(gate))
+        assert rate >= 0.9, rate
     assert seen_unready_running, "never saw warm-r2-0 Running but not Ready"
     assert gate["reason"] == "Warmed", gate
     assert "prompts sent" in gate["message"] and "hit ratio" in gate["message"]
@@ -139,3 +271,69 @@ def test_a_new_replica_takes_traffic_only_once_its_warm_up_verified_it_warm(
     assert printed_columns(testbed, ns, "warm")["WARM"] == "3"
     reasons = [e["reason"] for e in events(testbed, ns, "warm")]
     assert "ReplicaAdmitted" in reasons
+
+
+# A shared system prompt of a bit over 2,048 characters: the router's hot
+# prefixes are its first 1, 2, 4, ... 32 blocks of 64 characters (the 64-block
+# one would reach into the questions, which differ).
+HOT_SYSTEM = "You are the support desk of the shoal fleet. " + " ".join(
+    f"Policy {j}: be brief." for j in range(96)
+)
+
+
+def test_a_new_replica_warms_from_the_routers_hot_prefixes(testbed: Testbed, ns: str) -> None:
+    assert 2048 < len(HOT_SYSTEM) < 2048 + 64
+    manifest = cluster_manifest(
+        "hot",
+        replicas=1,
+        tensor=4,
+        router={"policy": "round-robin", "hotPrefixes": {"enabled": True}},
+        # No inline prompts and no ConfigMap: the router is the only source.
+        warmup={"hotPrefixes": True, "timeoutSeconds": 60, "minHitRatio": 0.8},
+    )
+    apply(testbed, ns, manifest)
+    # The first replica has nothing to warm with (no traffic yet): admitted.
+    wait_ready(testbed, ns, "hot", 1)
+    url = router_url(testbed, ns, "hot")
+    router_ip = url.removeprefix("http://").rsplit(":", 1)[0]
+
+    def question(n: int) -> str:
+        return HOT_SYSTEM + f" Question {n}: how do I scale?"
+
+    with (
+        SteadyLoad(url, question, pause=0.1) as load,
+        EngineSampler(testbed, ns, "hot-r1-0") as sampler,
+    ):
+        wait_for(lambda: len(load.routed) >= 10, what="traffic through the router", timeout=30)
+        # What the operator reads: the router's internal port (9090), from inside.
+        hot = httpx.get(f"http://{router_ip}:9090/hot-prefixes", timeout=5).json()["prefixes"]
+        texts = [p["prompt"] for p in hot]
+        assert sorted(len(t) for t in texts) == [64, 128, 256, 512, 1024, 2048], texts
+        assert all(HOT_SYSTEM.startswith(t) for t in texts)
+
+        testbed.kubectl("scale", "vllmcluster/hot", "-n", ns, "--replicas=2")
+
+        def admitted() -> dict[str, Any] | None:
+            found = get_json(testbed, "pods", "-n", ns, "--ignore-not-found", "-o", "json")
+            pods: dict[str, dict[str, Any]] = {p["metadata"]["name"]: p for p in found["items"]}
+            pod = pods.get("hot-r1-0")
+            if pod is None or condition_of(pod, WARMED).get("status") != "True":
+                return None
+            return pod
+
+        gate = condition_of(
+            wait_for(admitted, what="hot-r1-0 admitted", timeout=90, interval=0.5), WARMED
+        )
+        # Warmed, from the six hot prefixes: each sent once, then each replayed.
+        assert gate["reason"] == "Warmed", gate
+        assert gate["message"].startswith("warm-up: Warm: 12 prompts sent in 1 round(s)"), gate
+        wait_ready(testbed, ns, "hot", 2)
+        rate = first_requests_hit_rate(load, sampler, "hot-r1-0", 3, prompts_sent(gate))
+        # 2,048 of ~2,080 characters were warm: nearly every token hits (cold,
+        # the first of the three would hit nothing: about 0.65).
+        assert rate >= 0.9, rate
+    assert load.failed == []
+    entry = next(
+        r for r in cluster(testbed, ns, "hot")["status"]["replicaStatuses"] if r["index"] == 1
+    )
+    assert entry["state"] == "Serving" and entry["warmupHitRatio"] >= 0.8, entry
