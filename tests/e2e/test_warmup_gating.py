@@ -66,9 +66,11 @@ class SteadyLoad:
         prompt: Callable[[int], str] = lambda n: f"question {n}",
         *,
         pause: float = 0.05,
+        chat: Callable[[int], list[dict[str, str]] | None] = lambda n: None,
     ) -> None:
         self.url = url
         self.prompt = prompt
+        self.chat = chat  # request n's messages, to send it as chat instead
         self.pause = pause
         self.routed: list[tuple[float, str]] = []
         self.spans: list[tuple[float, float, str]] = []
@@ -81,9 +83,17 @@ class SteadyLoad:
             n = 0
             while not self._stop.is_set():
                 started = time.time()
-                body = {"model": MODEL, "prompt": self.prompt(n), "max_tokens": 2}
+                messages = self.chat(n)
+                path, body = (
+                    ("/v1/completions", {"model": MODEL, "prompt": self.prompt(n), "max_tokens": 2})
+                    if messages is None
+                    else (
+                        "/v1/chat/completions",
+                        {"model": MODEL, "messages": messages, "max_tokens": 2},
+                    )
+                )
                 try:
-                    response = client.post(self.url + "/v1/completions", json=body)
+                    response = client.post(self.url + path, json=body)
                     if response.status_code == 200:
                         replica = response.headers["x-shoal-replica"]
                         self.routed.append((started, replica))
@@ -109,7 +119,8 @@ class SteadyLoad:
 
 @dataclass(frozen=True)
 class EngineSample:
-    at: float
+    at: float  # when the answer came: the counters are from no later
+    asked: float  # when it was asked for: the counters are from no earlier
     requests: float  # finished requests, every reason
     queries: float  # prefix-cache query tokens
     hits: float  # prefix-cache hit tokens
@@ -140,6 +151,7 @@ class EngineSampler:
             ip = self._ip()
         with httpx.Client(timeout=2) as client:
             while not self._stop.is_set():
+                asked = time.time()
                 try:
                     text = client.get(f"http://{ip}:8000/metrics").text
                 except httpx.HTTPError:
@@ -152,6 +164,7 @@ class EngineSampler:
                 self.samples.append(
                     EngineSample(
                         time.time(),
+                        asked,
                         requests,
                         value(samples, "vllm:prefix_cache_queries_total"),
                         value(samples, "vllm:prefix_cache_hits_total"),
@@ -163,7 +176,7 @@ class EngineSampler:
         return [s for s in self.samples if s.at < moment][-1]
 
     def after(self, moment: float) -> EngineSample:
-        return next(s for s in self.samples if s.at > moment)
+        return next(s for s in self.samples if s.asked > moment)
 
     def __enter__(self) -> EngineSampler:
         self._thread.start()
@@ -300,16 +313,27 @@ def test_a_new_replica_warms_from_the_routers_hot_prefixes(testbed: Testbed, ns:
     def question(n: int) -> str:
         return HOT_SYSTEM + f" Question {n}: how do I scale?"
 
+    def chat(n: int) -> list[dict[str, str]] | None:
+        # Every third request is chat with the same system prompt (a period
+        # of 3, so round-robin gives each replica both forms).
+        if n % 3 != 1:
+            return None
+        user = f"Question {n}: how do I scale?"
+        return [{"role": "system", "content": HOT_SYSTEM}, {"role": "user", "content": user}]
+
     with (
-        SteadyLoad(url, question, pause=0.1) as load,
+        SteadyLoad(url, question, pause=0.1, chat=chat) as load,
         EngineSampler(testbed, ns, "hot-r1-0") as sampler,
     ):
         wait_for(lambda: len(load.routed) >= 10, what="traffic through the router", timeout=30)
         # What the operator reads: the router's internal port (9090), from inside.
         hot = httpx.get(f"http://{router_ip}:9090/hot-prefixes", timeout=5).json()["prefixes"]
-        texts = [p["prompt"] for p in hot]
+        texts = [p["prompt"] for p in hot if "prompt" in p]
         assert sorted(len(t) for t in texts) == [64, 128, 256, 512, 1024, 2048], texts
         assert all(HOT_SYSTEM.startswith(t) for t in texts)
+        # Chat requests' prefix in their own form, for the engine's chat template.
+        chats = [p["messages"] for p in hot if "messages" in p]
+        assert chats == [[{"role": "system", "content": HOT_SYSTEM}]], hot
 
         testbed.kubectl("scale", "vllmcluster/hot", "-n", ns, "--replicas=2")
 
@@ -324,13 +348,14 @@ def test_a_new_replica_warms_from_the_routers_hot_prefixes(testbed: Testbed, ns:
         gate = condition_of(
             wait_for(admitted, what="hot-r1-0 admitted", timeout=90, interval=0.5), WARMED
         )
-        # Warmed, from the six hot prefixes: each sent once, then each replayed.
+        # Warmed, from the seven hot prefixes: each sent once, then each replayed.
         assert gate["reason"] == "Warmed", gate
-        assert gate["message"].startswith("warm-up: Warm: 12 prompts sent in 1 round(s)"), gate
+        assert gate["message"].startswith("warm-up: Warm: 14 prompts sent in 1 round(s)"), gate
         wait_ready(testbed, ns, "hot", 2)
         rate = first_requests_hit_rate(load, sampler, "hot-r1-0", 3, prompts_sent(gate))
-        # 2,048 of ~2,080 characters were warm: nearly every token hits (cold,
-        # the first of the three would hit nothing: about 0.65).
+        # 2,048 of ~2,080 characters were warm, or the whole system message:
+        # nearly every token hits, chat or not (cold, the first of the three
+        # would hit nothing: about 0.65).
         assert rate >= 0.9, rate
     assert load.failed == []
     entry = next(

@@ -9,9 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+
+from shoal.controller.warming import hot_prefix_prompts
+from shoal.router.signals import parse_metrics
 from shoal.warmup.prompts import Prompt
 from shoal.warmup.runner import Verdict, warm
-from tests.integration.procs import MODEL, engine_metric, sims
+from tests.integration.procs import MODEL, engine_metric, free_port, router, sims
 
 SYSTEM = "You are the assistant of the shoal fleet; answer from the manual. "
 
@@ -100,3 +104,42 @@ def test_shoal_warmup_command(tmp_path: Path) -> None:
         )
         assert unreachable.returncode == 1
         assert "Unreachable" in unreachable.stdout
+
+
+def test_chat_hot_prefixes_warm_what_chat_requests_hit(tmp_path: Path) -> None:
+    """Chat traffic through a router makes its shared system message hot, as
+    messages; warmed from the router's list as the operator warms, a fresh
+    engine then hits that system message's blocks for a new conversation
+    (the engine renders chat through its template, so the router's rendered
+    text of a chat request would have warmed blocks no chat request hits)."""
+    system = SYSTEM * 12
+
+    def chat(question: str) -> dict[str, object]:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        return {"model": MODEL, "messages": messages, "max_tokens": 1}
+
+    internal = free_port()
+    config = {"hotPrefixes": {"enabled": True, "port": internal}}
+    with sims(2, tmp_path) as (serving, fresh), router([serving], tmp_path, config=config) as front:
+        for i in range(4):
+            answer = httpx.post(front + "/v1/chat/completions", json=chat(f"Q{i}?"), timeout=30)
+            assert answer.status_code == 200, answer.text
+        hot = httpx.get(f"http://127.0.0.1:{internal}/hot-prefixes", timeout=5).json()
+        assert hot["prefixes"] == [
+            {"messages": [{"role": "system", "content": system}], "count": 4}
+        ]
+        prompts = hot_prefix_prompts(hot)  # what the operator reads, then warms with
+        assert prompts == [Prompt(messages=(("system", system),))]
+
+        result = asyncio.run(warm(fresh, prompts, min_hit_ratio=0.9, timeout_seconds=30))
+        assert result.verdict is Verdict.WARM, result.message
+
+        block = parse_metrics(httpx.get(fresh + "/metrics", timeout=5).text).block_size
+        tokenized = httpx.post(fresh + "/tokenize", json={"model": MODEL, "prompt": system})
+        system_blocks = len(tokenized.json()["tokens"]) // (block or 0)
+        assert system_blocks >= 8
+        before = engine_metric(fresh, "vllm:prefix_cache_hits_total")
+        answer = httpx.post(fresh + "/v1/chat/completions", json=chat("A new one?"), timeout=30)
+        assert answer.status_code == 200, answer.text
+        hits = engine_metric(fresh, "vllm:prefix_cache_hits_total") - before
+        assert hits >= system_blocks * (block or 0), (hits, system_blocks, block)

@@ -167,8 +167,18 @@ def test_warm_up_prompts_come_from_the_spec_a_config_map_and_hot_prefixes() -> N
     ]
     with pytest.raises(ValueError):
         config_map_prompts("text: not a list")
-    answer = {"prefixes": [{"prompt": "hot one", "count": 9}, {"count": 1}]}
-    assert hot_prefix_prompts(answer) == [Prompt(text="hot one")]
+    chat = {"messages": [{"role": "system", "content": "hot two"}], "count": 5}
+    broken = {"messages": [{"role": "user", "content": None}], "count": 3}
+    answer = {"prefixes": [{"prompt": "hot one", "count": 9}, chat, broken, {"count": 1}]}
+    prompts = hot_prefix_prompts(answer)
+    assert prompts == [Prompt(text="hot one"), Prompt(messages=(("system", "hot two"),))]
+    # Each in its request's form: chat prefixes go through the chat template.
+    assert [p.request("m")[0] for p in prompts] == ["/v1/completions", "/v1/chat/completions"]
+    assert prompts[1].request("m")[1] == {
+        "model": "m",
+        "messages": [{"role": "system", "content": "hot two"}],
+        "max_tokens": 1,
+    }
     assert hot_prefix_prompts({"error": "disabled"}) == []
 
 

@@ -61,12 +61,18 @@ def config_map_prompts(content: str) -> list[Prompt]:
 
 
 def hot_prefix_prompts(answer: Any) -> list[Prompt]:
+    """The router's /hot-prefixes, each in its request's form: `prompt` (sent
+    to /v1/completions) or `messages` (sent to /v1/chat/completions, so the
+    engine's chat template renders them as it renders the chat traffic).
+    An entry of neither form is skipped."""
     prefixes = answer.get("prefixes") if isinstance(answer, dict) else None
-    return [
-        Prompt(text=str(p["prompt"]))
-        for p in prefixes or []
-        if isinstance(p, dict) and isinstance(p.get("prompt"), str)
-    ]
+    prompts = []
+    for prefix in prefixes or []:
+        try:
+            prompts.append(from_object(prefix))
+        except ValueError:
+            continue
+    return prompts
 
 
 class Warmups:
