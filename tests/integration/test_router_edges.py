@@ -3,6 +3,7 @@ hot prefixes and graceful drain."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -32,6 +33,48 @@ def test_api_keys_are_required_when_configured(tmp_path: Path) -> None:
         assert missing.json()["error"]["type"] == "AuthenticationError"
         assert _post(front, body, headers={"Authorization": "Bearer sk-nope"}).status_code == 401
         assert _post(front, body, headers={"Authorization": "Bearer sk-two"}).status_code == 200
+
+
+def test_the_api_key_file_flag_overrides_the_config_and_a_missing_file_stops_the_router(
+    tmp_path: Path,
+) -> None:
+    flagged = tmp_path / "flagged"
+    flagged.write_text("sk-flag\n")
+    configured = tmp_path / "configured"
+    configured.write_text("sk-config\n")
+    config = tmp_path / "router.json"
+    config.write_text(json.dumps({"apiKeyFile": str(configured)}))
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+
+    def start(key_file: Path, port: int, stderr: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [
+                *(sys.executable, "-m", "shoal.cli", "router", "--host", "127.0.0.1"),
+                *("--port", str(port), "--config", str(config), "--endpoints", urls[0]),
+                *("--api-key-file", str(key_file)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+
+    with sims(1, tmp_path) as urls:
+        missing = start(tmp_path / "absent", free_port(), subprocess.PIPE)
+        _, stderr = missing.communicate(timeout=30)
+        assert missing.returncode != 0
+        assert f"API key file {tmp_path / 'absent'}: No such file" in stderr.decode()
+
+        port = free_port()
+        process = start(flagged, port, subprocess.DEVNULL)
+        front = f"http://127.0.0.1:{port}"
+        try:
+            wait_http(front + "/ready", process=process)
+            headers = {"Authorization": "Bearer sk-flag"}
+            assert _post(front, body, headers=headers).status_code == 200
+            headers = {"Authorization": "Bearer sk-config"}
+            assert _post(front, body, headers=headers).status_code == 401
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
 
 
 def test_oversized_body_is_refused_with_an_openai_error(tmp_path: Path) -> None:

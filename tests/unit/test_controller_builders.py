@@ -237,7 +237,8 @@ def test_router_config_translates_spec_router_and_carries_max_num_seqs_and_key_f
     assert (config.breaker.failure_threshold, config.breaker.open_seconds) == (4, 20)
     assert (config.queue.max_size, config.queue.timeout_seconds) == (100, 5)
     assert config.max_body_bytes == 1024 * 1024
-    assert config.api_key_file == "/etc/shoal/api-keys/list"
+    # The key file's path goes on the command line (below), not into the ConfigMap.
+    assert config.api_key_file is None
 
     fleet = fleet_of(spec)
     configmap = next(m for m in fleet.static if m["kind"] == "ConfigMap")
@@ -251,8 +252,18 @@ def test_router_config_translates_spec_router_and_carries_max_num_seqs_and_key_f
     assert _flag(args, "--config") == "/etc/shoal/router/router.json"
     assert _flag(args, "--namespace") == "ns"
     assert router_pod["serviceAccountName"] == "c-router"
+    assert _flag(args, "--api-key-file") == "/etc/shoal/api-keys/list"
     assert {"name": "api-keys", "secret": {"secretName": "keys"}} in router_pod["volumes"]
+    assert {"name": "api-keys", "mountPath": "/etc/shoal/api-keys", "readOnly": True} in (
+        router_pod["containers"][0]["volumeMounts"]
+    )
     assert router_pod["containers"][0]["image"] == ROUTER_IMAGE
+
+
+def test_a_router_without_an_api_key_secret_gets_no_key_file_and_no_secret_volume() -> None:
+    router_pod = fleet_of(spec_of()).after[0]["spec"]["template"]["spec"]
+    assert "--api-key-file" not in router_pod["containers"][0]["args"]
+    assert [v["name"] for v in router_pod["volumes"]] == ["config"]
 
 
 def test_the_routers_role_may_only_get_list_and_watch_pods() -> None:

@@ -43,12 +43,11 @@ _MIN_STALE_SECONDS = 2.0
 
 
 def router_config(spec: VLLMClusterSpec) -> RouterConfig:
-    """spec.router (plus the engines' per-replica maxNumSeqs) as the router's config."""
+    """spec.router (plus the engines' per-replica maxNumSeqs) as the router's config.
+    The API key Secret is not in it: the router gets the mounted file's path on
+    its command line (`--api-key-file`), as secrets go to a pod."""
     router = spec.router
     interval = router.scrape_interval_milliseconds / 1000
-    api_key_file = None
-    if router.api_key_secret is not None:
-        api_key_file = f"{API_KEYS_DIR}/{router.api_key_secret.key}"
     return RouterConfig(
         policy=Policy(router.policy),
         weights=LoadWeights(
@@ -78,7 +77,6 @@ def router_config(spec: VLLMClusterSpec) -> RouterConfig:
         scrape_timeout_seconds=round(interval * _SCRAPE_TIMEOUT_SHARE, 3),
         stale_after_seconds=max(_MIN_STALE_SECONDS, interval * _STALE_INTERVALS),
         max_body_bytes=math.floor(parse_quantity(router.max_request_size)),
-        api_key_file=api_key_file,
         hot_prefixes=HotPrefixes(
             enabled=router.hot_prefixes.enabled,
             top_k=router.hot_prefixes.max_prefixes,
@@ -158,8 +156,9 @@ def config_hash(configmap: Manifest) -> str:
 def build_router_deployment(
     ref: ClusterRef, spec: VLLMClusterSpec, *, image: str, configmap: Manifest
 ) -> Manifest:
-    """`shoal router --kubernetes`, reading router.json from the ConfigMap; the
-    ConfigMap's hash on the pod template rolls the router (only) when it changes."""
+    """`shoal router --kubernetes`, reading router.json from the ConfigMap and
+    API keys (if any) from the mounted Secret; the ConfigMap's hash on the pod
+    template rolls the router (only) when it changes."""
     name = router_name(ref.name)
     router = spec.router
     args = [
@@ -182,6 +181,7 @@ def build_router_deployment(
     mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
     volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": name}}]
     if router.api_key_secret is not None:
+        args += ["--api-key-file", f"{API_KEYS_DIR}/{router.api_key_secret.key}"]
         mounts.append({"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True})
         volumes.append({"name": "api-keys", "secret": {"secretName": router.api_key_secret.name}})
     container: dict[str, Any] = {

@@ -31,8 +31,27 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--namespace", help="namespace of the pods (with --kubernetes)")
     parser.add_argument("--selector", help="label selector of the leader pods")
     parser.add_argument("--engine-port", type=int, default=8000)
+    parser.add_argument(
+        "--api-key-file",
+        type=Path,
+        help="accepted API keys, one per line (overrides apiKeyFile in --config)",
+    )
     parser.add_argument("--log-level", default="INFO")
     parser.set_defaults(func=run)
+
+
+def read_api_keys(path: Path) -> list[bytes]:
+    """The keys in path, one per line (blank lines and surrounding whitespace
+    ignored). A key file that cannot be read or holds no key is an error: a
+    router started with one must never serve without authentication."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise SystemExit(f"API key file {path}: {error.strerror or error}") from error
+    keys = [line.strip() for line in data.splitlines() if line.strip()]
+    if not keys:
+        raise SystemExit(f"API key file {path}: no keys in it (one key per line)")
+    return keys
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,10 +69,8 @@ def run(args: argparse.Namespace) -> int:
         selector=args.selector,
         engine_port=args.engine_port,
     )
-    api_keys: list[bytes] = []
-    if config.api_key_file:
-        lines = Path(config.api_key_file).read_text().splitlines()
-        api_keys = [line.strip().encode() for line in lines if line.strip()]
+    key_file = args.api_key_file or config.api_key_file
+    api_keys = read_api_keys(Path(key_file)) if key_file else []
     # uvloop: the router relays ~10k stream chunks a second at 256 streams,
     # and the event loop's own cost is most of its per-chunk cost.
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
