@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -18,9 +19,16 @@ MODEL = "m"
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free right now on 127.0.0.1 (held together so they differ)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 def wait_http(
@@ -39,14 +47,15 @@ def wait_http(
     raise TimeoutError(f"{url} not answering 200 after {timeout}s")
 
 
-def _start(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+def start_shoal(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+    """`shoal ARGS...` with its output appended to log."""
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "shoal.cli", *args], stdout=out, stderr=subprocess.STDOUT
         )
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop_process(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.terminate()
         try:
@@ -79,7 +88,7 @@ def sims(
         for i in range(count):
             port = free_port()
             processes.append(
-                _start(
+                start_shoal(
                     [
                         "sim",
                         "--host",
@@ -102,7 +111,7 @@ def sims(
         yield Engines(urls, processes)
     finally:
         for process in processes:
-            _stop(process)
+            stop_process(process)
 
 
 @contextmanager
@@ -116,7 +125,7 @@ def router(
     port = free_port()
     path = tmp / f"{name}.json"
     path.write_text(json.dumps(config or {}))
-    process = _start(
+    process = start_shoal(
         [
             "router",
             "--host",
@@ -137,7 +146,7 @@ def router(
         wait_http(url + "/ready", process=process)
         yield url
     finally:
-        _stop(process)
+        stop_process(process)
 
 
 def engine_metric(url: str, name: str) -> float:

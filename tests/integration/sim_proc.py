@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import httpx
+from tests.integration.procs import free_ports, start_shoal, stop_process, wait_http
+
+__all__ = ["TINY_ARGS", "SimProcess", "free_ports", "sim"]
 
 # The fixtures' server, as a pod would start it.
 TINY_ARGS = (
@@ -33,47 +31,21 @@ TINY_ARGS = (
 )
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports free right now on 127.0.0.1 (held together so they differ)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-
-
 class SimProcess:
+    """One `shoal sim` process (which may serve many engines), its log kept."""
+
     def __init__(self, args: Sequence[str], log: Path) -> None:
         self.log = log
-        self._log_file = open(log, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shoal.cli", "sim", *args],
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-        )
+        self.proc = start_shoal(["sim", *args], log)
 
     def wait_healthy(self, url: str, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"shoal sim exited: {self.log.read_text()}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"{url} not healthy after {timeout}s: {self.log.read_text()}")
+        try:
+            wait_http(f"{url}/health", timeout=timeout, process=self.proc)
+        except (RuntimeError, TimeoutError) as error:
+            raise AssertionError(f"{error}: {self.log.read_text()}") from error
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log_file.close()
+        stop_process(self.proc)
 
 
 @contextlib.contextmanager
