@@ -34,6 +34,22 @@ def test_a_cold_engine_is_warmed_and_verified(tmp_path: Path) -> None:
         assert engine_metric(urls[0], "vllm:prefix_cache_hits_total") > 0
 
 
+def test_a_prompt_the_engine_refuses_is_skipped_not_the_warm_up(tmp_path: Path) -> None:
+    """A prompt longer than max_model_len gets vLLM's 400; the others still
+    warm the engine, and the result says what was refused."""
+    too_long = Prompt(text="word " * 3000)
+    with sims(1, tmp_path, extra=["--max-model-len", "1024"]) as urls:
+        result = asyncio.run(
+            warm(urls[0], [too_long, *_prompts(4, 8)], min_hit_ratio=0.9, timeout_seconds=30)
+        )
+        assert result.verdict is Verdict.WARM, result.message
+        assert "1 prompt(s) refused by the engine" in result.message
+        assert "400" in result.message
+        alone = asyncio.run(warm(urls[0], [too_long], timeout_seconds=30))
+        assert alone.verdict is Verdict.NOTHING_TO_VERIFY, alone.message
+        assert alone.prompts_sent == 0 and "refused" in alone.message
+
+
 def test_a_set_larger_than_the_cache_ends_by_timeout(tmp_path: Path) -> None:
     # 40 blocks of 16 tokens: far less than 30 prompts of a hundred tokens or more.
     small = ["--num-gpu-blocks-override", "40", "--block-size", "16", "--max-model-len", "512"]

@@ -70,9 +70,17 @@ async def _metrics(client: httpx.AsyncClient, endpoint: str) -> tuple[float, int
     return signals.prefix_hits, signals.block_size
 
 
+class Refused(Exception):
+    """The engine refused one prompt as a bad request (too long for
+    max_model_len, a chat template that rejects its messages): that prompt
+    is skipped, not the warm-up."""
+
+
 async def _send(client: httpx.AsyncClient, endpoint: str, model: str, prompt: Prompt) -> int:
     path, body = prompt.request(model)
     response = await client.post(endpoint + path, json=body)
+    if 400 <= response.status_code < 500 and response.status_code not in (404, 408, 429):
+        raise Refused(f"{path} answered {response.status_code}: {response.text[:200]}")
     if response.status_code != 200:
         raise EngineError(f"{path} answered {response.status_code}: {response.text[:200]}")
     return int(response.json()["usage"]["prompt_tokens"])
@@ -95,7 +103,12 @@ async def warm(
     rounds = 0
     ratio: float | None = None
 
+    refusals: list[str] = []
+
     def result(verdict: Verdict, detail: str = "") -> WarmupResult:
+        if refusals:
+            refused = f"{len(refusals)} prompt(s) refused by the engine, e.g. {refusals[0]}"
+            detail = f"{detail}; {refused}" if detail else refused
         return WarmupResult(verdict, sent, ratio, time.monotonic() - started, rounds, detail)
 
     async with httpx.AsyncClient(timeout=request_timeout_seconds) as client:
@@ -104,10 +117,15 @@ async def warm(
                 model = model or await served_model(client, endpoint)
                 limit = asyncio.Semaphore(concurrency)
 
-                async def send(prompt: Prompt) -> int:
+                async def send(prompt: Prompt) -> int | None:
                     nonlocal sent
                     async with limit:
-                        tokens = await _send(client, endpoint, model, prompt)
+                        try:
+                            tokens = await _send(client, endpoint, model, prompt)
+                        except Refused as refused:
+                            if rounds == 1:
+                                refusals.append(str(refused))
+                            return None
                         sent += 1
                         return tokens
 
@@ -117,8 +135,9 @@ async def warm(
                     hits_before, block_size = await _metrics(client, endpoint)
                     if block_size is None:
                         return result(Verdict.UNREACHABLE, "no vllm:cache_config_info block size")
-                    sample = replay_sample(len(prompts), size=sample_size)
-                    expected = [expected_hits(tokens[i], block_size) for i in sample]
+                    accepted = [i for i, t in enumerate(tokens) if t is not None]
+                    sample = [accepted[j] for j in replay_sample(len(accepted), size=sample_size)]
+                    expected = [expected_hits(tokens[i] or 0, block_size) for i in sample]
                     if sum(expected) == 0:
                         return result(
                             Verdict.NOTHING_TO_VERIFY,
