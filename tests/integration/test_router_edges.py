@@ -33,6 +33,14 @@ def test_api_keys_are_required_when_configured(tmp_path: Path) -> None:
         assert missing.json()["error"]["type"] == "AuthenticationError"
         assert _post(front, body, headers={"Authorization": "Bearer sk-nope"}).status_code == 401
         assert _post(front, body, headers={"Authorization": "Bearer sk-two"}).status_code == 200
+        # The model list says what is served: behind the key too.
+        assert httpx.get(front + "/v1/models", timeout=10).status_code == 401
+        models = httpx.get(
+            front + "/v1/models", headers={"Authorization": "Bearer sk-one"}, timeout=10
+        )
+        assert models.status_code == 200 and models.json()["data"][0]["id"] == MODEL
+        # Probes stay open: kubelet sends no key.
+        assert httpx.get(front + "/ready", timeout=10).status_code == 200
 
 
 def test_the_api_key_file_flag_overrides_the_config_and_a_missing_file_stops_the_router(
@@ -173,3 +181,25 @@ def test_sigterm_drains_in_flight_streams_before_exit(tmp_path: Path) -> None:
         worker.join(timeout=60)
         assert b"".join(received).rstrip().endswith(b"data: [DONE]"), "the stream was cut"
         assert process.wait(timeout=30) == 0
+
+
+def test_failures_retried_elsewhere_still_count_against_their_replica(tmp_path: Path) -> None:
+    """The operator reads each replica's error rate from these counters: a
+    replica that refuses connections must show it even though no client
+    saw an error."""
+    with (
+        sims(2, tmp_path) as engines,
+        router(list(engines), tmp_path, config={"policy": "round-robin"}) as front,
+    ):
+        engines.kill(1)
+        alive, dead = (url.removeprefix("http://") for url in engines)
+        for i in range(6):
+            response = _post(front, {"model": MODEL, "prompt": f"q{i}", "max_tokens": 1})
+            assert response.status_code == 200
+            assert response.headers["x-shoal-replica"] == alive
+        metrics = httpx.get(front + "/metrics", timeout=5).text
+    served = f'shoal_router_requests_total{{code="200",replica="{alive}"}} 6.0'
+    assert served in metrics, metrics
+    refused = f'shoal_router_requests_total{{code="502",replica="{dead}"}}'
+    failed = [line for line in metrics.splitlines() if line.startswith(refused)]
+    assert failed and float(failed[0].rsplit(" ", 1)[1]) >= 1, metrics

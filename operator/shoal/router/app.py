@@ -128,6 +128,9 @@ class Router:
 
     async def models(self, request: web.Request) -> web.Response:
         """Models served by any routable replica, merged by id."""
+        if not self.proxy.authorized(request):
+            self.metrics.rejected.labels("unauthorized").inc()
+            return error_response(401, "Missing or invalid API key.", param="Authorization")
         assert self.proxy.session is not None
         session = self.proxy.session
 

@@ -12,6 +12,7 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -32,6 +33,7 @@ log = logging.getLogger("shoal.router")
 RETRYABLE_STATUS = frozenset({502, 503})
 # Which replica answered: for debugging, and for tests that count placements.
 REPLICA_HEADER = "x-shoal-replica"
+_UPSTREAM_HEADERS = {"Content-Type": "application/json"}
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -73,6 +75,11 @@ class Proxy:
         self.waiting = 0
         self.inflight = 0
         self.session: aiohttp.ClientSession | None = None
+        timeouts = config.timeouts
+        # Built once: every request reuses it.
+        self._timeout = aiohttp.ClientTimeout(
+            total=timeouts.total_seconds, sock_connect=timeouts.connect_seconds
+        )
 
     async def start(self) -> None:
         # One pool for the life of the process; no per-host cap (the engines
@@ -91,7 +98,7 @@ class Proxy:
             self.capacity_changed.notify_all()
 
     # ---- request path
-    def _authorized(self, request: web.Request) -> bool:
+    def authorized(self, request: web.Request) -> bool:
         if not self.api_keys:
             return True
         header = request.headers.get("Authorization", "")
@@ -107,7 +114,7 @@ class Proxy:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        if not self._authorized(request):
+        if not self.authorized(request):
             self.metrics.rejected.labels("unauthorized").inc()
             return error_response(401, "Missing or invalid API key.", param="Authorization")
         if (
@@ -131,13 +138,16 @@ class Proxy:
         key = prefix_key(
             prompt, block_chars=self.config.block_chars, max_blocks=self.config.max_prefix_blocks
         )
+        per_token = self.config.chars_per_token
         facts = RequestFacts(
             affinity_key=key.hashes[0] if key.hashes else hash_text(prompt),
             session_key=_session_key(request, body),
+            prompt_tokens=len(prompt) / per_token,
+            prefix_tokens=key.blocks * self.config.block_chars / per_token,
         )
         decision_seconds = time.perf_counter() - decision_start
         if self.hot is not None:
-            self.hot.observe(prompt, key)
+            self.hot.observe(prompt, key, body)
 
         stream = bool(body.get("stream"))
         tried: set[str] = set()
@@ -166,7 +176,11 @@ class Proxy:
             tried.add(replica.id)
             self.fleet.index.record(replica.id, key.hashes)
             try:
-                response = await self._forward(request, replica, raw, stream=stream)
+                # What the replica must prefill of this prompt, as far as we know.
+                prefill = facts.prompt_tokens - choice.predicted_hit * facts.prefix_tokens
+                response = await self._forward(
+                    request, replica, raw, stream=stream, prefill=prefill
+                )
             except UpstreamFailed as failure:
                 last_failure = failure.reason
                 self.metrics.retries.labels(failure.reason).inc()
@@ -219,47 +233,58 @@ class Proxy:
             self.metrics.queue_depth.set(self.waiting)
 
     async def _forward(
-        self, request: web.Request, replica: Replica, raw: bytes, *, stream: bool
+        self,
+        request: web.Request,
+        replica: Replica,
+        raw: bytes,
+        *,
+        stream: bool,
+        prefill: float,
     ) -> web.StreamResponse:
         assert self.session is not None
-        timeouts = self.config.timeouts
         url = replica.endpoint.url + request.rel_url.path
         name = replica.endpoint.name
-        self.fleet.begin(replica)
+        series = self.metrics.series(name)
+        self.fleet.begin(replica, prefill_tokens=prefill)
+        pending = [prefill]  # cleared when the first output shows the prefill done
+
+        def prefilled() -> None:
+            if pending:
+                self.fleet.prefilled(replica, pending.pop())
+
         self.inflight += 1
-        self.metrics.inflight.labels(name).set(replica.inflight)
+        series.inflight.set(replica.inflight)
         sent_at = time.perf_counter()
         upstream: aiohttp.ClientResponse | None = None
         outcome: bool | None = None
         try:
             try:
-                upstream = await asyncio.wait_for(
-                    self.session.post(
-                        url,
-                        data=raw,
-                        headers={"Content-Type": "application/json"},
-                        timeout=aiohttp.ClientTimeout(
-                            total=timeouts.total_seconds, sock_connect=timeouts.connect_seconds
-                        ),
-                    ),
-                    timeout=timeouts.first_byte_seconds,
-                )
+                # asyncio.timeout, not wait_for: no extra task per request.
+                async with asyncio.timeout(self.config.timeouts.first_byte_seconds):
+                    upstream = await self.session.post(
+                        url, data=raw, headers=_UPSTREAM_HEADERS, timeout=self._timeout
+                    )
             except TimeoutError as error:
                 outcome = False
+                series.requests(504).inc()  # retried elsewhere, but the replica failed
                 raise UpstreamFailed("first_byte_timeout") from error
             except aiohttp.ClientError as error:
                 outcome = False
+                series.requests(502).inc()
                 raise UpstreamFailed("connect_error") from error
             if upstream.status in RETRYABLE_STATUS:
                 outcome = False
                 upstream.close()
+                series.requests(upstream.status).inc()
                 raise UpstreamFailed(f"status_{upstream.status}")
-            self.metrics.ttft.labels(name).observe(time.perf_counter() - sent_at)
+            series.ttft.observe(time.perf_counter() - sent_at)
             # Other server errors pass through (the engine's own answer), but
             # count against the replica's breaker.
             outcome = upstream.status < 500
-            response = await self._relay(request, upstream, stream=stream, replica=name)
-            self.metrics.requests.labels(name, str(upstream.status)).inc()
+            response = await self._relay(
+                request, upstream, stream=stream, replica=name, on_first=prefilled
+            )
+            series.requests(upstream.status).inc()
             return response
         except asyncio.CancelledError:
             # The client went away: close the upstream connection so the
@@ -267,20 +292,33 @@ class Proxy:
             if upstream is not None:
                 upstream.close()
             outcome = None
-            self.metrics.requests.labels(name, "499").inc()
+            series.requests(499).inc()
             raise
         except (aiohttp.ClientError, TimeoutError):
             outcome = False  # broke mid-stream, after bytes reached the client
             raise
         finally:
+            if upstream is not None:
+                # Whatever ended the request (the client gone, or a failed write
+                # to it), an unread answer must not hold its connection: aborting
+                # it is how the engine learns to stop. No-op once released.
+                upstream.close()
+            prefilled()
             self.fleet.end(replica, ok=outcome)
             self.inflight -= 1
-            self.metrics.inflight.labels(name).set(replica.inflight)
-            self.metrics.circuit.labels(name).set(int(replica.breaker.state(time.monotonic())))
-            asyncio.get_running_loop().create_task(self.notify_capacity())
+            series.inflight.set(replica.inflight)
+            series.circuit.set(int(replica.breaker.state(time.monotonic())))
+            if self.waiting:  # nobody queued: nobody to wake
+                asyncio.get_running_loop().create_task(self.notify_capacity())
 
     async def _relay(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, *, stream: bool, replica: str
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        *,
+        stream: bool,
+        replica: str,
+        on_first: Callable[[], None],
     ) -> web.StreamResponse:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
         headers[REPLICA_HEADER] = replica
@@ -292,6 +330,9 @@ class Proxy:
         await response.prepare(request)
         try:
             async for chunk in upstream.content.iter_any():
+                # Engines stream nothing before their first output token
+                # (vLLM's headers come first, its first chunk after prefill).
+                on_first()
                 await response.write(chunk)
         except (aiohttp.ClientError, TimeoutError):
             # Bytes already reached the client: no retry. End the stream so the
