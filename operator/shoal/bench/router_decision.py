@@ -65,7 +65,11 @@ def decision_times(
         key = prefix_key(
             prompt, block_chars=config.block_chars, max_blocks=config.max_prefix_blocks
         )
-        facts = RequestFacts(affinity_key=key.hashes[0] if key.hashes else 0)
+        facts = RequestFacts(
+            affinity_key=key.hashes[0] if key.hashes else 0,
+            prompt_tokens=len(prompt) / config.chars_per_token,
+            prefix_tokens=key.blocks * config.block_chars / config.chars_per_token,
+        )
         choice = chooser.choose(fleet.candidates(key=key), facts)
         samples.append(time.perf_counter() - started)
         assert choice is not None
@@ -73,7 +77,7 @@ def decision_times(
     return samples
 
 
-def index_memory(*, prefixes: int, replicas: int, blocks_per_prompt: int) -> dict[str, float]:
+def index_memory(*, prefixes: int, replicas: int, blocks_per_prompt: int) -> dict[str, object]:
     """RSS growth after recording `prefixes` distinct prompts into the index."""
     config = RouterConfig()
     fleet = Fleet(config)
@@ -84,17 +88,27 @@ def index_memory(*, prefixes: int, replicas: int, blocks_per_prompt: int) -> dic
     ids = list(fleet.replicas)
     before = _rss_mib()
     rng = random.Random(1)
-    for n in range(prefixes):
+    # RSS at every tenth of the run: once the index is full (at about
+    # bound / blocks_per_prompt prompts) it must stay flat.
+    marks = {prefixes * i // 10 for i in range(1, 11)}
+    curve: dict[int, float] = {}
+    for n in range(1, prefixes + 1):
         # Distinct prompts: every block hash is new (the worst case for memory).
         base = rng.getrandbits(60) << 4
         fleet.index.record(ids[n % replicas], [base + k for k in range(blocks_per_prompt)])
+        if n in marks:
+            curve[n] = round(_rss_mib(), 1)
     after = _rss_mib()
+    bound = replicas * config.index_blocks_per_replica
     return {
         "prefixes": prefixes,
         "index_blocks": len(fleet.index),
-        "bound_blocks": replicas * config.index_blocks_per_replica,
+        "bound_blocks": bound,
+        "index_full_after_prefixes": bound // blocks_per_prompt,
         "rss_growth_mib": round(after - before, 1),
         "rss_mib": round(after, 1),
+        "rss_mib_by_prefixes_seen": curve,
+        "rss_growth_last_half_mib": round(after - curve[prefixes * 5 // 10], 1) + 0.0,
     }
 
 

@@ -173,8 +173,12 @@ class Fleet:
         depths = self.index.match(key.hashes) if key is not None and key.hashes else None
         if depths:
             assert key is not None
-            out = [
-                c._replace(hit=key.held_share(depths[c.replica])) if c.replica in depths else c
-                for c in out
-            ]
+            # Only the replicas holding some of the prompt change (not
+            # `_replace`, which is several times slower than building anew).
+            for i, (replica, load, saturated, inflight, _, pending, requests) in enumerate(out):
+                depth = depths.get(replica)
+                if depth:
+                    out[i] = Candidate(
+                        replica, load, saturated, inflight, key.held_share(depth), pending, requests
+                    )
         return out
