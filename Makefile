@@ -70,7 +70,7 @@ test: lint unit integration e2e test-vllm
 bench-router: install
 	command -v wrk >/dev/null || (apt-get install -y wrk >/dev/null 2>&1 || sudo apt-get install -y wrk)
 	$(BIN)/python -m shoal.bench.router_decision
-	$(BIN)/python -m shoal.bench.router_http
+	$(BIN)/python -m shoal.bench.router_http --floor
 
 # Operator measurements (issue 6) on a running testbed (`make testbed-up`):
 # time from kubectl apply to all objects created, reconcile passes and writes

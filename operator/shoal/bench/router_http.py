@@ -1,11 +1,33 @@
 """Router throughput and added latency, over real sockets on loopback.
 
-- Throughput: wrk drives small non-streamed completions at the router (pinned
-  to core 0 with taskset) and, in the same run, directly at the instant
-  upstream (wrk and the upstream on core 1). Target: >= 2,500 requests/s.
-- Added latency: 256 concurrent streams through the router and directly,
-  time to first chunk and to the end. Target: p50 <= 1 ms, p99 <= 3 ms more
-  than direct.
+Placement: the router runs alone on core 0 (taskset); the load generators
+(wrk, and this process's stream client) and the instant upstream share core 1.
+So the router's core measures only the router, and the client's cost is the
+same whether it calls the upstream directly or through the router.
+
+- Throughput: wrk drives small non-streamed completions directly at the
+  instant upstream and at the router, alternately, `--rounds` times each.
+  Target: >= 2,500 requests/s through the router.
+- Added latency: `--streams` (256) concurrent streams in a closed loop, each
+  streaming one completion after another, directly and through the router,
+  alternately (in the same run, against the same upstream process). The
+  client is a minimal HTTP/1.1 protocol on uvloop (a few microseconds per
+  chunk, so it does not saturate at 256 streams the way a high-level Python
+  client does). Per request it records the time to the first chunk (TTFT) and
+  to the end of the stream; per chunk, the one-way delay from the upstream
+  writing it (its CLOCK_MONOTONIC stamp `"t"`) to the client reading it.
+  Added latency is routed minus direct, per round; the report gives the
+  median over rounds. Target: p50 <= 1 ms, p99 <= 3 ms.
+- Optionally (`--wrk-streams`), the same stream load from wrk as a cross-check
+  of the end-to-end latency with a C client.
+- Optionally (`--floor`), the same streams through a bare TCP relay on the
+  router's core: the latency that any proxy adds with this placement (two
+  wake-ups across cores per chunk, and whatever else runs on the machine),
+  against which the router's own share can be judged.
+
+CPU seconds of the router, the upstream and this process are reported per
+phase, with the load average before and after: a router phase whose router CPU
+is near 100% of the wall time means the router core saturated.
 """
 
 from __future__ import annotations
@@ -24,14 +46,26 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
-import aiohttp
+import uvloop
+
+ROUTER_CORE = 0
+LOAD_CORE = 1
+
+_PLAIN_BODY = b'{"model": "m", "prompt": "Say hello to the router benchmark.", "max_tokens": 1}'
+_STREAM_BODY = b'{"model": "m", "prompt": "stream please", "max_tokens": 16, "stream": true}'
 
 _LUA = """
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"model": "m", "prompt": "Say hello to the router benchmark.", "max_tokens": 1}'
+wrk.body = '%s'
+done = function(summary, latency, requests)
+  io.write(string.format("LAT %%d %%d %%d %%d\\n", summary.requests,
+    latency:percentile(50), latency:percentile(99), latency.max))
+end
 """
 
 
@@ -41,15 +75,15 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait(url: str, timeout: float = 15.0) -> None:
+def _wait(port: int, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=1):
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
                 return
         except OSError:
             time.sleep(0.1)
-    raise TimeoutError(url)
+    raise TimeoutError(port)
 
 
 @contextmanager
@@ -65,99 +99,372 @@ def _process(argv: list[str], *, core: int, log: Path) -> Iterator[subprocess.Po
         process.wait(timeout=15)
 
 
-def _wrk(url: str, *, seconds: int, connections: int, script: Path) -> dict[str, float]:
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _loadavg() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+@dataclass
+class Meter:
+    """CPU use of the processes that matter, over one phase."""
+
+    pids: dict[str, int]
+    started: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)
+    load_before: str = ""
+
+    def __enter__(self) -> Meter:
+        self.load_before = _loadavg()
+        self.started = time.monotonic()
+        self.cpu = {name: _cpu_seconds(pid) for name, pid in self.pids.items()}
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        wall = time.monotonic() - self.started
+        self.cpu = {
+            name: round((_cpu_seconds(pid) - self.cpu[name]) / wall, 2)
+            for name, pid in self.pids.items()
+        }
+        self.cpu["load_before"] = self.load_before  # type: ignore[assignment]
+        self.cpu["load_after"] = _loadavg()  # type: ignore[assignment]
+
+
+# ---- wrk
+
+
+def _wrk(
+    port: int, *, seconds: float, connections: int, body: bytes, tmp: Path
+) -> dict[str, float]:
+    script = tmp / "post.lua"
+    script.write_text(_LUA % body.decode())
     out = subprocess.run(
         [
             "taskset",
             "-c",
-            "1",
+            str(LOAD_CORE),
             "wrk",
             "-t",
             "1",
             "-c",
             str(connections),
             "-d",
-            f"{seconds}s",
-            "--latency",
+            f"{max(1, round(seconds))}s",
             "-s",
             str(script),
-            url + "/v1/completions",
+            f"http://127.0.0.1:{port}/v1/completions",
         ],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    lat = re.search(r"LAT (\d+) (\d+) (\d+) (\d+)", out)
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    if rps is None:
+    socket_errors = re.search(r"Socket errors: (.*)", out)
+    if rps is None or lat is None:
         raise RuntimeError(f"unexpected wrk output:\n{out}")
     return {
         "requests_per_second": float(rps.group(1)),
+        "p50_ms": int(lat.group(2)) / 1e3,
+        "p99_ms": int(lat.group(3)) / 1e3,
         "non_2xx": float(errors.group(1)) if errors else 0.0,
+        "socket_errors": socket_errors.group(1) if socket_errors else "",  # type: ignore[dict-item]
     }
 
 
-async def _streams(url: str, *, concurrency: int, seconds: float) -> dict[str, float]:
-    """A closed loop: `concurrency` clients, each streaming one completion after
-    another, starts staggered over the first second (steady state, not one
-    synchronised burst)."""
-    body = {"model": "m", "prompt": "stream please", "max_tokens": 16, "stream": True}
-    first: list[float] = []
-    total: list[float] = []
-    connector = aiohttp.TCPConnector(limit=0)
-    deadline = time.perf_counter() + seconds
-    async with aiohttp.ClientSession(connector=connector) as session:
+# ---- the stream client
 
-        async def client(index: int) -> None:
-            await asyncio.sleep(index / concurrency)
-            while time.perf_counter() < deadline:
-                started = time.perf_counter()
-                async with session.post(url + "/v1/completions", json=body) as response:
-                    got_first = False
-                    async for _ in response.content.iter_any():
-                        if not got_first:
-                            first.append(time.perf_counter() - started)
-                            got_first = True
-                total.append(time.perf_counter() - started)
 
-        await asyncio.gather(*(client(i) for i in range(concurrency)))
+@dataclass
+class StreamSamples:
+    ttft_ns: list[int] = field(default_factory=list)
+    total_ns: list[int] = field(default_factory=list)
+    chunk_delay_ns: list[int] = field(default_factory=list)
+    errors: int = 0
+
+
+class _StreamConnection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection streaming completions one after
+    another until `deadline`; parses just enough (status line, chunked or
+    Content-Length body) and timestamps on arrival."""
+
+    def __init__(
+        self, request: bytes, deadline: int, samples: StreamSamples, done: asyncio.Future[None]
+    ) -> None:
+        self.request = request
+        self.deadline = deadline
+        self.samples = samples
+        self.done = done
+        self.transport: asyncio.Transport | None = None
+        self.buffer = b""
+        self.sent_at = 0
+        self.first_at = 0
+        self.in_body = False
+        self.chunked = True
+        self.remaining = 0  # Content-Length bodies
+        self.record = True
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._send()
+
+    def _send(self) -> None:
+        assert self.transport is not None
+        self.buffer = b""
+        self.in_body = False
+        self.first_at = 0
+        self.sent_at = time.monotonic_ns()
+        self.transport.write(self.request)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            if self.sent_at:
+                self.samples.errors += 1
+            self.done.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        now = time.monotonic_ns()
+        buffer = self.buffer + data
+        if not self.in_body:
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                self.buffer = buffer
+                return
+            head = buffer[:end].lower()
+            if not head.startswith(b"http/1.1 200"):
+                self.samples.errors += 1
+            self.chunked = b"transfer-encoding: chunked" in head
+            if not self.chunked:
+                match = re.search(rb"content-length: *(\d+)", head)
+                self.remaining = int(match.group(1)) if match else 0
+            buffer = buffer[end + 4 :]
+            self.in_body = True
+        if not self.chunked:
+            self.remaining -= len(buffer)
+            self.buffer = b""
+            if self.first_at == 0 and buffer:
+                self.first_at = now
+            if self.remaining <= 0:
+                self._finished(now)
+            return
+        pos = 0
+        while True:
+            line_end = buffer.find(b"\r\n", pos)
+            if line_end < 0:
+                break
+            size = int(buffer[pos:line_end].split(b";", 1)[0], 16)
+            if size == 0:
+                if len(buffer) < line_end + 4:
+                    break
+                self.buffer = b""
+                self._finished(now)
+                return
+            if len(buffer) < line_end + 2 + size + 2:
+                break
+            payload = buffer[line_end + 2 : line_end + 2 + size]
+            pos = line_end + 2 + size + 2
+            if self.first_at == 0:
+                self.first_at = now
+            at = payload.find(b'"t":')
+            while at >= 0:
+                stop = payload.find(b"}", at)
+                if self.record:
+                    self.samples.chunk_delay_ns.append(now - int(payload[at + 4 : stop]))
+                at = payload.find(b'"t":', stop)
+        self.buffer = buffer[pos:]
+
+    def _finished(self, now: int) -> None:
+        if self.record:
+            self.samples.ttft_ns.append(self.first_at - self.sent_at)
+            self.samples.total_ns.append(now - self.sent_at)
+        if now < self.deadline:
+            self._send()
+        else:
+            self.sent_at = 0
+            assert self.transport is not None
+            self.transport.close()
+
+
+async def _streams(
+    port: int, *, concurrency: int, seconds: float, warmup: float
+) -> dict[str, float]:
+    """A closed loop of `concurrency` connections; starts are staggered over
+    the warm-up, whose requests are not recorded."""
+    loop = asyncio.get_running_loop()
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (port, len(_STREAM_BODY), _STREAM_BODY)
+    )
+    samples = StreamSamples()
+    deadline = time.monotonic_ns() + int((warmup + seconds) * 1e9)
+    connections: list[_StreamConnection] = []
+    futures: list[asyncio.Future[None]] = []
+
+    async def start(index: int) -> None:
+        await asyncio.sleep(warmup * 0.5 * index / concurrency)
+        done: asyncio.Future[None] = loop.create_future()
+        futures.append(done)
+        _, protocol = await loop.create_connection(
+            lambda: _StreamConnection(request, deadline, samples, done), "127.0.0.1", port
+        )
+        protocol.record = False
+        connections.append(protocol)
+
+    began = time.monotonic()
+    await asyncio.gather(*(start(i) for i in range(concurrency)))
+    # The rest of the warm-up: pools filled, steady state reached.
+    await asyncio.sleep(max(0.0, warmup - (time.monotonic() - began)))
+    for connection in connections:
+        connection.record = True
+    await asyncio.wait_for(asyncio.gather(*futures), timeout=seconds + 60)
     return {
-        "requests": len(total),
-        "ttft_p50_ms": _ms(statistics.median(first)),
-        "ttft_p99_ms": _ms(statistics.quantiles(first, n=100)[98]),
-        "total_p50_ms": _ms(statistics.median(total)),
-        "total_p99_ms": _ms(statistics.quantiles(total, n=100)[98]),
+        "requests": len(samples.total_ns),
+        "errors": samples.errors,
+        "ttft_p50_ms": _pct(samples.ttft_ns, 50),
+        "ttft_p99_ms": _pct(samples.ttft_ns, 99),
+        "total_p50_ms": _pct(samples.total_ns, 50),
+        "total_p99_ms": _pct(samples.total_ns, 99),
+        "chunk_delay_p50_ms": _pct(samples.chunk_delay_ns, 50),
+        "chunk_delay_p99_ms": _pct(samples.chunk_delay_ns, 99),
     }
 
 
-def _ms(seconds: float) -> float:
-    return round(seconds * 1e3, 3)
+def _pct(samples_ns: list[int], q: int) -> float:
+    if not samples_ns:
+        return float("nan")
+    ordered = sorted(samples_ns)
+    return round(ordered[min(len(ordered) - 1, len(ordered) * q // 100)] / 1e6, 3)
+
+
+def _median_of(rounds: list[dict[str, Any]], key: str) -> float:
+    return round(statistics.median(float(r[key]) for r in rounds), 3)
+
+
+_ADDED_KEYS = (
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "total_p50_ms",
+    "total_p99_ms",
+    "chunk_delay_p50_ms",
+    "chunk_delay_p99_ms",
+)
+
+
+# ---- the floor: a byte relay that does nothing but forward
+
+
+class _RelaySide(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.peer: _RelaySide | None = None
+        self.pending: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.write(data)
+        else:
+            self.pending.append(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.close()
+
+
+async def _serve_relay(port: int, upstream_port: int) -> None:
+    """A TCP relay (one upstream connection per client connection): what any
+    proxy on the router's core costs at least, on this machine, with this
+    placement (two wake-ups across cores per chunk)."""
+    loop = asyncio.get_running_loop()
+    connecting: set[asyncio.Task[None]] = set()
+
+    def accept() -> _RelaySide:
+        side = _RelaySide()
+
+        async def connect() -> None:
+            _, up = await loop.create_connection(_RelaySide, "127.0.0.1", upstream_port)
+            up.peer, side.peer = side, up
+            assert up.transport is not None
+            for data in side.pending:
+                up.transport.write(data)
+            side.pending.clear()
+
+        task = loop.create_task(connect())
+        connecting.add(task)
+        task.add_done_callback(connecting.discard)
+        return side
+
+    server = await loop.create_server(accept, "127.0.0.1", port, backlog=1024)
+    await server.serve_forever()
 
 
 def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--serve-relay":
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(_serve_relay(int(sys.argv[2]), int(sys.argv[3])))
+        return
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--seconds", type=float, default=8, help="per wrk throughput phase")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--streams", type=int, default=256)
-    parser.add_argument("--stream-seconds", type=float, default=10.0)
+    parser.add_argument("--stream-seconds", type=float, default=8.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=3, help="direct/routed pairs per test")
+    parser.add_argument("--chunks", type=int, default=16)
+    parser.add_argument("--interval", type=float, default=0.02)
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-streams", action="store_true")
+    parser.add_argument("--wrk-streams", action="store_true", help="also wrk on the stream load")
+    parser.add_argument("--router-args", default="", help="extra `shoal router` arguments")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also stream through a bare TCP relay on the router's core: the least any "
+        "proxy adds with this placement",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None or shutil.which("taskset") is None:
         raise SystemExit("needs wrk and taskset (apt-get install wrk util-linux)")
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("needs 2 cores: the router on one, load and upstream on the other")
+    # This process is the stream load generator: keep it off the router's core.
+    os.sched_setaffinity(0, {LOAD_CORE})
     tmp = Path(tempfile.mkdtemp(prefix="shoal-bench-"))
-    script = tmp / "post.lua"
-    script.write_text(_LUA)
-    up_port, router_port = _free_port(), _free_port()
-    upstream = f"http://127.0.0.1:{up_port}"
-    router = f"http://127.0.0.1:{router_port}"
+    up_port, router_port, relay_port = _free_port(), _free_port(), _free_port()
     python = sys.executable
     with (
         _process(
-            [python, "-m", "shoal.bench.instant_upstream", "--port", str(up_port)],
-            core=1,
+            [
+                python,
+                "-m",
+                "shoal.bench.instant_upstream",
+                "--port",
+                str(up_port),
+                "--chunks",
+                str(args.chunks),
+                "--interval",
+                str(args.interval),
+            ],
+            core=LOAD_CORE,
             log=tmp / "upstream.log",
-        ),
+        ) as upstream_proc,
         _process(
             [
                 python,
@@ -169,45 +476,172 @@ def main() -> None:
                 "--port",
                 str(router_port),
                 "--endpoints",
-                upstream,
+                f"http://127.0.0.1:{up_port}",
                 "--policy",
                 "cache-aware",
                 "--log-level",
                 "WARNING",
+                *args.router_args.split(),
             ],
-            core=0,
+            core=ROUTER_CORE,
             log=tmp / "router.log",
-        ),
+        ) as router_proc,
+        _process(
+            [
+                python,
+                "-m",
+                "shoal.bench.router_http",
+                "--serve-relay",
+                str(relay_port),
+                str(up_port),
+            ]
+            if args.floor
+            else ["sleep", "infinity"],
+            core=ROUTER_CORE,
+            log=tmp / "relay.log",
+        ) as relay_proc,
     ):
-        _wait(upstream)
-        _wait(router)
+        _wait(up_port)
+        _wait(router_port)
         time.sleep(1.0)  # let the first scrapes land
-        result: dict[str, object] = {
-            "throughput": {
-                "direct": _wrk(
-                    upstream, seconds=args.seconds, connections=args.connections, script=script
+        pids = {
+            "router_cpu": router_proc.pid,
+            "upstream_cpu": upstream_proc.pid,
+            "client_cpu": os.getpid(),
+        }
+        targets = {"direct": up_port, "router": router_port, "relay": relay_port}
+        if args.floor:
+            pids["relay_cpu"] = relay_proc.pid
+        result: dict[str, Any] = {
+            "placement": {"router_core": ROUTER_CORE, "load_and_upstream_core": LOAD_CORE},
+            "load_average_start": _loadavg(),
+        }
+        if not args.skip_throughput:
+            runs: dict[str, list[dict[str, Any]]] = {"direct": [], "router": []}
+            for i in range(args.rounds):
+                order = ("direct", "router") if i % 2 == 0 else ("router", "direct")
+                for name in order:
+                    with Meter(pids) as meter:
+                        run: dict[str, Any] = _wrk(
+                            targets[name],
+                            seconds=args.seconds,
+                            connections=args.connections,
+                            body=_PLAIN_BODY,
+                            tmp=tmp,
+                        )
+                    run.update(meter.cpu)
+                    # Robust to other load on the machine: the router's CPU
+                    # per request (1e6 / this = requests/s on a whole core).
+                    run["router_cpu_us_per_request"] = round(
+                        float(run["router_cpu"]) * 1e6 / run["requests_per_second"], 1
+                    )
+                    runs[name].append(run)
+            result["throughput"] = {
+                "connections": args.connections,
+                "direct_rps_median": _median_of(runs["direct"], "requests_per_second"),
+                "router_rps_median": _median_of(runs["router"], "requests_per_second"),
+                "router_cpu_us_per_request_median": _median_of(
+                    runs["router"], "router_cpu_us_per_request"
                 ),
-                "router": _wrk(
-                    router, seconds=args.seconds, connections=args.connections, script=script
+                "rounds": runs,
+            }
+        if not args.skip_streams:
+            stream_runs: dict[str, list[dict[str, Any]]] = {"direct": [], "router": []}
+            names = ["direct", "router"]
+            if args.floor:
+                stream_runs["relay"] = []
+                names.append("relay")
+            added_runs: list[dict[str, float]] = []
+            for i in range(args.rounds):
+                for name in names[i % len(names) :] + names[: i % len(names)]:
+                    with (
+                        Meter(pids) as meter,
+                        asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
+                    ):
+                        stats: dict[str, Any] = runner.run(
+                            _streams(
+                                targets[name],
+                                concurrency=args.streams,
+                                seconds=args.stream_seconds,
+                                warmup=args.warmup,
+                            )
+                        )
+                    stats.update(meter.cpu)
+                    # The router's CPU per streamed completion (17 chunks).
+                    stats["router_cpu_us_per_stream"] = round(
+                        float(stats["router_cpu"]) * 1e6 * args.stream_seconds / stats["requests"],
+                        1,
+                    )
+                    stream_runs[name].append(stats)
+                added_runs.append(
+                    {
+                        f"added_{key}": round(
+                            stream_runs["router"][-1][key] - stream_runs["direct"][-1][key], 3
+                        )
+                        for key in _ADDED_KEYS
+                    }
+                )
+                if args.floor:
+                    added_runs[-1].update(
+                        {
+                            f"relay_added_{key}": round(
+                                stream_runs["relay"][-1][key] - stream_runs["direct"][-1][key], 3
+                            )
+                            for key in _ADDED_KEYS
+                        }
+                    )
+            floor = (
+                {
+                    f"relay_added_{key}_median": _median_of(added_runs, f"relay_added_{key}")
+                    for key in _ADDED_KEYS
+                }
+                if args.floor
+                else {}
+            )
+            result["streams"] = {
+                "concurrency": args.streams,
+                "chunks": args.chunks,
+                "interval_s": args.interval,
+                **{
+                    f"added_{key}_median": _median_of(added_runs, f"added_{key}")
+                    for key in _ADDED_KEYS
+                },
+                **floor,
+                "router_cpu_us_per_stream_median": _median_of(
+                    stream_runs["router"], "router_cpu_us_per_stream"
                 ),
-            },
-        }
-        direct = asyncio.run(
-            _streams(upstream, concurrency=args.streams, seconds=args.stream_seconds)
-        )
-        routed = asyncio.run(
-            _streams(router, concurrency=args.streams, seconds=args.stream_seconds)
-        )
-        added = {
-            f"added_{key}": round(routed[key] - direct[key], 3)
-            for key in ("ttft_p50_ms", "ttft_p99_ms", "total_p50_ms", "total_p99_ms")
-        }
-        result["streams"] = {
-            "concurrency": args.streams,
-            "direct": direct,
-            "router": routed,
-            **added,
-        }
+                "added_per_round": added_runs,
+                "rounds": stream_runs,
+            }
+        if args.wrk_streams:
+            wrk_runs: dict[str, list[dict[str, Any]]] = {"direct": [], "router": []}
+            for i in range(args.rounds):
+                order = ("direct", "router") if i % 2 == 0 else ("router", "direct")
+                for name in order:
+                    with Meter(pids) as meter:
+                        run = _wrk(
+                            targets[name],
+                            seconds=args.stream_seconds,
+                            connections=args.streams,
+                            body=_STREAM_BODY,
+                            tmp=tmp,
+                        )
+                    run.update(meter.cpu)
+                    wrk_runs[name].append(run)
+            result["wrk_streams"] = {
+                "added_p50_ms_median": round(
+                    _median_of(wrk_runs["router"], "p50_ms")
+                    - _median_of(wrk_runs["direct"], "p50_ms"),
+                    3,
+                ),
+                "added_p99_ms_median": round(
+                    _median_of(wrk_runs["router"], "p99_ms")
+                    - _median_of(wrk_runs["direct"], "p99_ms"),
+                    3,
+                ),
+                "rounds": wrk_runs,
+            }
+        result["load_average_end"] = _loadavg()
     print(json.dumps(result, indent=2))
 
 
