@@ -4,13 +4,15 @@ completes, nothing is created twice, and what existed is kept, not replaced."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from shoal.controller.context import TEST_HOOK_EXIT_CODE
 from shoal_testbed.cluster import Testbed
-from tests.e2e.kube import apply, get_json, namespace
+from tests.e2e.kube import apply, get_json, namespace, wait_for
 from tests.e2e.operator_env import (
     children,
     cluster_manifest,
@@ -62,6 +64,51 @@ def test_an_operator_killed_after_the_first_statefulset_converges_without_duplic
                 assert len(pods) == 4  # and one router pod
                 replicasets = get_json(testbed, "replicasets", "-n", ns)["items"]
                 assert len(replicasets) == 1
+                delete_clusters(testbed, ns)
+        finally:
+            delete_clusters(testbed, ns)
+
+
+def test_a_restarted_operator_keeps_a_spent_restart_budget(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """The budget's history lives in the status, not only in the operator's
+    memory: a new operator process must not restart a replica that the old
+    one gave up on (that is how an operator crash-loops a fleet)."""
+    from tests.e2e.test_self_healing import FAST_HEALTH, _engine_args, _pod
+
+    install_crd(testbed)
+    log = tmp_path / "operator.log"
+    health = {**FAST_HEALTH, "restartBudget": {"maxRestarts": 2, "windowSeconds": 600}}
+    manifest = cluster_manifest(
+        "spent", replicas=1, engine=_engine_args("--sim-hang-after", "1"), health=health
+    )
+
+    def entry() -> dict[str, Any]:
+        status = get_json(testbed, "vllmcluster", "spent", "-n", ns).get("status", {})
+        found: list[dict[str, Any]] = status.get("replicaStatuses") or [{}]
+        return found[0]
+
+    with namespace(testbed, PATTERN) as ns:
+        try:
+            with operator(testbed, log, namespaces=[f"{PATTERN}-*"]):
+                apply(testbed, ns, manifest)
+                wait_for(
+                    lambda: entry().get("restarts") == 2 and entry().get("state") == "Unhealthy",
+                    what="restart budget spent",
+                    timeout=120,
+                    interval=0.5,
+                )
+            assert len(entry()["recentRestartTimes"]) == 2
+            pod = _pod(testbed, ns, "spent-r0-0")
+            assert pod is not None
+            uid = pod["metadata"]["uid"]
+            with operator(testbed, log, namespaces=[f"{PATTERN}-*"]):
+                # Several health periods, each of which finds the engine hung.
+                time.sleep(10)
+                pod = _pod(testbed, ns, "spent-r0-0")
+                assert pod is not None and pod["metadata"]["uid"] == uid
+                assert entry()["restarts"] == 2
                 delete_clusters(testbed, ns)
         finally:
             delete_clusters(testbed, ns)

@@ -84,6 +84,12 @@ class ReplicaStatus(ApiModel):
         json_schema_extra={"format": "date-time"},
         description="When it was last restarted (RFC 3339).",
     )
+    recent_restart_times: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Restarts shoal made of it within the restart budget's window "
+        "(RFC 3339), so that a restarted operator keeps counting them.",
+    )
     warmup_hit_ratio: float | None = Field(
         default=None, ge=0, description="Prefix-cache hit ratio its warm-up check measured."
     )

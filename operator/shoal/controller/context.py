@@ -66,6 +66,7 @@ class ClusterState:
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     memory: Memory = field(default_factory=Memory)
+    restarts_seeded: bool = False  # restart history read back from the status
     kv_pools: dict[str, KVPool] = field(default_factory=dict)  # by leader pod uid
     last_status: dict[str, Any] | None = None
     static_applied: dict[str, str] = field(default_factory=dict)  # kind/name -> hash

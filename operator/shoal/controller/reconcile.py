@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import datetime
 import logging
 import time
@@ -51,6 +52,7 @@ from shoal.controller.names import (
     selector_text,
 )
 from shoal.controller.observe import Observed, observe
+from shoal.controller.restarts import seed_restart_times
 from shoal.controller.status import StatusInputs, build_status, status_patch
 from shoal.controller.warming import warmup_policy
 
@@ -125,6 +127,14 @@ async def _reconcile(
             warmup=warmup_policy(spec),
             heal=heal_policy(spec),
         )
+    if not state.restarts_seeded:
+        # A new operator process: count the restarts an earlier one made.
+        state.restarts_seeded = True
+        seeded = seed_restart_times(
+            body.get("status") or {}, now_wall=time.time(), now_mono=time.monotonic()
+        )
+        if seeded and not state.memory.restart_times:
+            state.memory = dataclasses.replace(state.memory, restart_times=seeded)
     if paused:
         decision, probes = Decision(memory=state.memory), Probes()
     else:

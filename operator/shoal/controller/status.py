@@ -24,6 +24,7 @@ from shoal.controller.engine import nodes_per_replica
 from shoal.controller.engine_metrics import KVPool
 from shoal.controller.names import ANNOTATION_PAUSED, leader_selector_text, router_name
 from shoal.controller.observe import Observed, ReplicaFacts
+from shoal.controller.restarts import recent_restarts, wall_seconds
 from shoal.planner.from_spec import plan_spec
 
 
@@ -139,6 +140,16 @@ def _replica_status(
         restarts += 1
         reason = inputs.decision.restarts[replica.index]
         when = inputs.now
+    recent = recent_restarts(
+        previous.get("recentRestartTimes") or [],
+        inputs.now if replica.index in inputs.decision.restarts else None,
+        now_wall=wall_seconds(inputs.now) or 0.0,
+        window_seconds=(
+            float(inputs.spec.health.restart_budget.window_seconds)
+            if inputs.spec is not None
+            else float("inf")
+        ),
+    )
     ratio, warmup = previous.get("warmupHitRatio"), previous.get("warmup")
     leader = replica.leader_pod
     outcome = inputs.probes.warmups.get(leader.uid) if leader is not None else None
@@ -154,6 +165,7 @@ def _replica_status(
         restarts=restarts,
         last_restart_reason=reason,
         last_restart_time=when,
+        recent_restart_times=recent,
         warmup_hit_ratio=ratio,
         warmup=warmup,
     )
