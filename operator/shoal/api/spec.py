@@ -339,17 +339,24 @@ class LoadWeights(ApiModel):
 
 
 class RouterThresholds(ApiModel):
-    """Knobs of the cache-aware choice: maximise hit - beta x load, within bounded load."""
+    """Knobs of the cache-aware choice: the replica with the least prefill ahead of the
+    request's first token (queued there, plus the prompt's uncached part, plus beta x a
+    full load's worth for its load score), within bounded load."""
 
     beta: float = Field(
-        default=1.0, ge=0, le=100, description="How much load counts against a cache hit."
+        default=1.0,
+        ge=0,
+        le=100,
+        description="How much a replica's scraped load counts against prefill saved by a "
+        "cache hit (1: a fully loaded replica costs as much as 2,048 prompt tokens).",
     )
     epsilon: float = Field(
         default=0.25,
         ge=0,
         le=10,
-        description="Bounded load: never pick a replica whose load exceeds (1 + epsilon) "
-        "times the mean, so one hot prefix cannot pin all traffic to one replica.",
+        description="Bounded load: never pick a replica that would then run more than "
+        "(1 + epsilon) times the mean of requests (running and waiting), so one hot prefix "
+        "cannot pin all traffic to one replica.",
     )
     q_norm: int = Field(
         default=20,
@@ -365,8 +372,9 @@ class RouterThresholds(ApiModel):
         default=0.7,
         ge=0,
         le=1,
-        description="A session (header x-session-id, or the body's user) keeps its replica "
-        "while that replica's load is below this; above, it falls back.",
+        description="Policy session: a session (header x-session-id, or the body's user) "
+        "keeps its replica while that replica's load is below this; above, it falls back. "
+        "(cache-aware keeps conversations on their replica through the prefix index.)",
     )
     prefix_block_chars: int = Field(
         default=64,
@@ -443,8 +451,9 @@ class RouterSpec(ApiModel):
         default="cache-aware",
         description="How a request picks a replica: round-robin, random, least-request, "
         "power-of-two, load-aware (lowest load score), session (sticky by session key), "
-        "prefix (by prompt prefix), or cache-aware (expected prefix-cache hit minus "
-        "beta x load, with bounded load).",
+        "prefix (by prompt prefix), or cache-aware (least prefill ahead of the first token: "
+        "what is queued there plus the prompt's uncached part, with load, within bounded "
+        "load).",
     )
     weights: LoadWeights = Field(default_factory=LoadWeights)
     thresholds: RouterThresholds = Field(default_factory=RouterThresholds)
