@@ -18,8 +18,8 @@ import time
 
 from shoal.router.config import Policy, RouterConfig
 from shoal.router.fleet import Endpoint, Fleet
-from shoal.router.policy import Chooser, RequestFacts
-from shoal.router.prefix import prefix_key
+from shoal.router.policy import Chooser
+from shoal.router.prefix import prefix_key, request_facts
 from shoal.router.signals import EngineSignals
 
 
@@ -65,11 +65,7 @@ def decision_times(
         key = prefix_key(
             prompt, block_chars=config.block_chars, max_blocks=config.max_prefix_blocks
         )
-        facts = RequestFacts(
-            affinity_key=key.hashes[0] if key.hashes else 0,
-            prompt_tokens=len(prompt) / config.chars_per_token,
-            prefix_tokens=key.blocks * config.block_chars / config.chars_per_token,
-        )
+        facts = request_facts(prompt, key, config)
         choice = chooser.choose(fleet.candidates(key=key), facts)
         samples.append(time.perf_counter() - started)
         assert choice is not None

@@ -13,6 +13,9 @@ from typing import Any
 
 import xxhash
 
+from shoal.router.config import RouterConfig
+from shoal.router.policy import RequestFacts
+
 
 def render_prompt(body: dict[str, Any]) -> str:
     """The text the engine will see first, as far as the router can tell:
@@ -102,3 +105,21 @@ def prefix_key(text: str, *, block_chars: int, max_blocks: int) -> PrefixKey:
         hashes.append(hasher.intdigest())
         done = block + 1
     return PrefixKey(hashes=hashes, blocks=count)
+
+
+def hash_text(text: str) -> int:
+    return xxhash.xxh3_64_intdigest(text.encode("utf-8", "surrogatepass"))
+
+
+def request_facts(
+    prompt: str, key: PrefixKey, config: RouterConfig, *, session_key: int | None = None
+) -> RequestFacts:
+    """What the policies know of a request: its affinity key (first prefix
+    block, or the whole prompt when shorter than a block) and its size."""
+    per_token = config.chars_per_token
+    return RequestFacts(
+        affinity_key=key.hashes[0] if key.hashes else hash_text(prompt),
+        session_key=session_key,
+        prompt_tokens=len(prompt) / per_token,
+        prefix_tokens=key.blocks * config.block_chars / per_token,
+    )

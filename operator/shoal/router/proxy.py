@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-import xxhash
 from aiohttp import web
 
 from shoal.router.config import RouterConfig
@@ -25,7 +24,7 @@ from shoal.router.fleet import Fleet, Replica
 from shoal.router.hot import HotPrefixes
 from shoal.router.metrics import RouterMetrics
 from shoal.router.policy import Choice, Chooser, RequestFacts
-from shoal.router.prefix import PrefixKey, prefix_key, render_prompt
+from shoal.router.prefix import PrefixKey, hash_text, prefix_key, render_prompt, request_facts
 
 log = logging.getLogger("shoal.router")
 
@@ -138,13 +137,7 @@ class Proxy:
         key = prefix_key(
             prompt, block_chars=self.config.block_chars, max_blocks=self.config.max_prefix_blocks
         )
-        per_token = self.config.chars_per_token
-        facts = RequestFacts(
-            affinity_key=key.hashes[0] if key.hashes else hash_text(prompt),
-            session_key=_session_key(request, body),
-            prompt_tokens=len(prompt) / per_token,
-            prefix_tokens=key.blocks * self.config.block_chars / per_token,
-        )
+        facts = request_facts(prompt, key, self.config, session_key=_session_key(request, body))
         decision_seconds = time.perf_counter() - decision_start
         if self.hot is not None:
             self.hot.observe(prompt, key, body)
@@ -343,10 +336,6 @@ class Proxy:
         upstream.release()
         await response.write_eof()
         return response
-
-
-def hash_text(text: str) -> int:
-    return xxhash.xxh3_64_intdigest(text.encode("utf-8", "surrogatepass"))
 
 
 def _session_key(request: web.Request, body: dict[str, Any]) -> int | None:
