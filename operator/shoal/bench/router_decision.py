@@ -18,6 +18,7 @@ import time
 
 from shoal.router.config import Policy, RouterConfig
 from shoal.router.fleet import Endpoint, Fleet
+from shoal.router.heap import settle
 from shoal.router.policy import Chooser
 from shoal.router.prefix import prefix_key, request_facts
 from shoal.router.signals import EngineSignals
@@ -32,6 +33,7 @@ def _prompt(rng: random.Random, shared: list[str], chars: int) -> str:
 def decision_times(
     *, replicas: int, prompt_chars: int, requests: int, policy: Policy, seed: int = 0
 ) -> list[float]:
+    settle()  # as the router does once it is up, before its fleet and index fill
     rng = random.Random(seed)
     config = RouterConfig(policy=policy)
     fleet = Fleet(config)

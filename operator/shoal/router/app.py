@@ -17,6 +17,7 @@ from shoal.router.config import RouterConfig
 from shoal.router.discovery import PodWatcher, static_endpoints
 from shoal.router.errors import error_response
 from shoal.router.fleet import Endpoint, Fleet
+from shoal.router.heap import settle
 from shoal.router.hot import HotPrefixes
 from shoal.router.metrics import RouterMetrics
 from shoal.router.proxy import Proxy
@@ -188,6 +189,7 @@ async def serve(router: Router, *, host: str, port: int) -> None:
         await internal.setup()
         await web.TCPSite(internal, host, router.config.hot_prefixes.port).start()
         runners.append(internal)
+    settle()  # everything built so far lives as long as the process
     log.info("router listening on %s:%d (policy %s)", host, port, router.config.policy)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
