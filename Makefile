@@ -66,11 +66,15 @@ test-vllm: install
 test: lint unit integration e2e test-vllm
 
 # Router benchmarks (issue 5): decision time and index memory in process, then
-# throughput (wrk) and added streaming latency over loopback. Needs wrk.
+# throughput (wrk) and added streaming latency over loopback (16-token streams,
+# which stress the per-request path, then 128-token ones). Needs wrk.
 bench-router: install
 	command -v wrk >/dev/null || (apt-get install -y wrk >/dev/null 2>&1 || sudo apt-get install -y wrk)
 	$(BIN)/python -m shoal.bench.router_decision
 	$(BIN)/python -m shoal.bench.router_http --floor
+	# Streams of vllm bench serve's default output length (128 tokens): the
+	# same 256 streams with 8x fewer new requests a second.
+	$(BIN)/python -m shoal.bench.router_http --skip-throughput --chunks 128 --stream-seconds 12 --warmup 3
 
 # Operator measurements (issue 6) on a running testbed (`make testbed-up`):
 # time from kubectl apply to all objects created, reconcile passes and writes

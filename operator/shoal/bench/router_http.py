@@ -17,7 +17,10 @@ same whether it calls the upstream directly or through the router.
   to the end of the stream; per chunk, the one-way delay from the upstream
   writing it (its CLOCK_MONOTONIC stamp `"t"`) to the client reading it.
   Added latency is routed minus direct, per round; the report gives the
-  median over rounds. Target: p50 <= 1 ms, p99 <= 3 ms.
+  median over rounds. Target: p50 <= 1 ms, p99 <= 3 ms. `--chunks` sets the
+  stream length: 16 (the default) makes 256 streams start ~770 completions a
+  second, which loads the router's per-request path; 128 is `vllm bench
+  serve`'s default output length.
 - Optionally (`--wrk-streams`), the same stream load from wrk as a cross-check
   of the end-to-end latency with a C client.
 - Optionally (`--floor`), the same streams through a bare TCP relay on the
@@ -567,7 +570,7 @@ def main() -> None:
                             )
                         )
                     stats.update(meter.cpu)
-                    # The router's CPU per streamed completion (17 chunks).
+                    # The router's CPU per streamed completion (--chunks + 1 chunks).
                     stats["router_cpu_us_per_stream"] = round(
                         float(stats["router_cpu"]) * 1e6 * args.stream_seconds / stats["requests"],
                         1,
