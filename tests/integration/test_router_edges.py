@@ -9,7 +9,9 @@ import subprocess
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 
@@ -203,3 +205,53 @@ def test_failures_retried_elsewhere_still_count_against_their_replica(tmp_path: 
     refused = f'shoal_router_requests_total{{code="502",replica="{dead}"}}'
     failed = [line for line in metrics.splitlines() if line.startswith(refused)]
     assert failed and float(failed[0].rsplit(" ", 1)[1]) >= 1, metrics
+
+
+class _RecordingEngine(BaseHTTPRequestHandler):
+    """An engine that sets a cookie on every answer and records the headers
+    of what reaches it (a real one could sit behind a session-aware proxy)."""
+
+    seen: ClassVar[list[dict[str, str]]] = []
+
+    def do_GET(self) -> None:
+        self._answer(b"", "text/plain")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path.startswith("/v1/"):
+            type(self).seen.append({k.lower(): v for k, v in self.headers.items()})
+        body = {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "x"}]}
+        self._answer(json.dumps(body).encode(), "application/json")
+
+    def _answer(self, body: bytes, content_type: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Set-Cookie", "engine-session=alice; Path=/")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_the_router_keeps_no_cookies_and_asks_no_compression_for_its_clients(
+    tmp_path: Path,
+) -> None:
+    engine = ThreadingHTTPServer(("127.0.0.1", 0), _RecordingEngine)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    try:
+        # By name: aiohttp's default cookie jar ignores cookies from IP addresses.
+        upstream = f"http://localhost:{engine.server_address[1]}"
+        with router([upstream], tmp_path) as front:
+            body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+            for _ in range(3):
+                assert _post(front, body).status_code == 200
+    finally:
+        engine.shutdown()
+    seen = _RecordingEngine.seen
+    assert len(seen) == 3
+    # The first answer set a cookie; no later request carried it.
+    assert all("cookie" not in headers for headers in seen)
+    assert all("accept-encoding" not in headers for headers in seen)
+    assert {headers["user-agent"] for headers in seen} == {"shoal-router"}

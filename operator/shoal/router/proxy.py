@@ -32,7 +32,7 @@ log = logging.getLogger("shoal.router")
 RETRYABLE_STATUS = frozenset({502, 503})
 # Which replica answered: for debugging, and for tests that count placements.
 REPLICA_HEADER = "x-shoal-replica"
-_UPSTREAM_HEADERS = {"Content-Type": "application/json"}
+_UPSTREAM_HEADERS = {"Content-Type": "application/json", "User-Agent": "shoal-router"}
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -85,6 +85,11 @@ class Proxy:
         # queue themselves, and the router bounds admission).
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60),
+            # A proxy for many clients: a cookie one engine answer set must not
+            # ride along on every later client's request, and compression is
+            # not asked for on a client's behalf (bodies pass through as sent).
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("Accept-Encoding",),
             auto_decompress=False,
         )
 
