@@ -244,6 +244,34 @@ def test_client_abort_reaches_the_engine(tmp_path: Path) -> None:
         assert generated < 2000, "the engine finished a request nobody was reading"
 
 
+def test_clients_hanging_up_mid_stream_cost_their_replica_nothing(tmp_path: Path) -> None:
+    """Users press stop: that is no failure of the replica (its breaker stays
+    closed) and no error for the router to log."""
+    config = {"breaker": {"failureThreshold": 2, "openSeconds": 60}}
+    with (
+        sims(1, tmp_path, time_scale=1.0) as urls,
+        router(urls, tmp_path, config=config) as front,
+    ):
+        for i in range(4):
+            with httpx.stream(
+                "POST",
+                front + "/v1/completions",
+                timeout=30,
+                json=completion(f"story {i}", max_tokens=2000, stream=True, ignore_eos=True),
+            ) as response:
+                for _ in response.iter_raw():
+                    break  # first chunk, then hang up
+            time.sleep(0.3)  # the router writes a few more chunks meanwhile
+        # One replica: an open breaker would leave nobody to answer.
+        answer = httpx.post(front + "/v1/completions", json=completion("still there?"), timeout=30)
+        assert answer.status_code == 200, answer.text
+        metrics = httpx.get(front + "/metrics", timeout=10).text
+        assert re.search(r"shoal_router_circuit_state\{[^}]*\} 0\.0", metrics), metrics
+    log = (tmp_path / "router.log").read_text()
+    assert "Error handling request" not in log
+    assert "Traceback" not in log
+
+
 def test_saturated_fleet_queues_then_answers_429(tmp_path: Path) -> None:
     config = {
         "queue": {"maxSize": 2, "timeoutSeconds": 5, "retryAfterSeconds": 3},

@@ -63,10 +63,13 @@ def build_app(*, chunks: int, interval: float) -> web.Application:
             return web.Response(body=_BODY, content_type="application/json")
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for head in heads:
-            await response.write(b"%s%d}\n\n" % (head, time.monotonic_ns()))
-            await asyncio.sleep(interval)
-        await response.write(_DONE)
+        try:
+            for head in heads:
+                await response.write(b"%s%d}\n\n" % (head, time.monotonic_ns()))
+                await asyncio.sleep(interval)
+            await response.write(_DONE)
+        except ConnectionResetError:
+            pass  # the caller hung up (a router aborting for its client)
         return response
 
     async def metrics(_: web.Request) -> web.Response:
