@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
@@ -43,6 +44,41 @@ def test_api_keys_are_required_when_configured(tmp_path: Path) -> None:
         assert models.status_code == 200 and models.json()["data"][0]["id"] == MODEL
         # Probes stay open: kubelet sends no key.
         assert httpx.get(front + "/ready", timeout=10).status_code == 200
+
+
+def test_rotated_keys_are_taken_up_without_a_restart(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("sk-old\n")
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+
+    def status(key: str) -> int:
+        return _post(front, body, headers={"Authorization": f"Bearer {key}"}).status_code
+
+    def rewrite(text: str) -> None:
+        staged = tmp_path / "keys.new"
+        staged.write_text(text)
+        staged.replace(keys)  # atomic, as kubelet swaps a Secret's files
+
+    def until(check: Callable[[], bool]) -> bool:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if check():
+                return True
+            time.sleep(0.1)
+        return False
+
+    config = {"apiKeyFile": str(keys), "apiKeyReloadSeconds": 0.2}
+    with sims(1, tmp_path) as urls, router(urls, tmp_path, config=config) as front:
+        assert status("sk-old") == 200 and status("sk-new") == 401
+        rewrite("sk-new\n")
+        assert until(lambda: status("sk-new") == 200)
+        assert status("sk-old") == 401
+        # A Secret emptied by mistake must not open the router, nor close it.
+        rewrite("")
+        time.sleep(1)
+        assert status("sk-new") == 200 and status("sk-old") == 401
+        assert _post(front, body).status_code == 401
+    assert "keeping the previous 1 key(s)" in (tmp_path / "router.log").read_text()
 
 
 def test_the_api_key_file_flag_overrides_the_config_and_a_missing_file_stops_the_router(

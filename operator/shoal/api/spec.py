@@ -480,7 +480,8 @@ class RouterSpec(ApiModel):
     api_key_secret: SecretKeyRef | None = Field(
         default=None,
         description="Secret key holding accepted API keys, one per line; clients send "
-        "`Authorization: Bearer <key>`. Default: no key needed.",
+        "`Authorization: Bearer <key>`. Routers take up a changed Secret without a restart "
+        "(kubelet refreshes the mounted file within about a minute). Default: no key needed.",
     )
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     resources: KubeObject | None = Field(

@@ -19,6 +19,7 @@ from shoal.router.errors import error_response
 from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.heap import settle
 from shoal.router.hot import HotPrefixes
+from shoal.router.keys import KeyFile
 from shoal.router.metrics import RouterMetrics
 from shoal.router.proxy import Proxy
 from shoal.router.scrape import Scraper
@@ -37,9 +38,12 @@ class Discovery:
 
 
 class Router:
-    def __init__(self, config: RouterConfig, discovery: Discovery, api_keys: list[bytes]) -> None:
+    def __init__(
+        self, config: RouterConfig, discovery: Discovery, key_file: KeyFile | None = None
+    ) -> None:
         self.config = config
         self.discovery = discovery
+        self.key_file = key_file
         self.metrics = RouterMetrics()
         self.fleet = Fleet(config)
         hot = config.hot_prefixes
@@ -49,7 +53,11 @@ class Router:
             else None
         )
         self.proxy = Proxy(
-            config=config, fleet=self.fleet, metrics=self.metrics, api_keys=api_keys, hot=self.hot
+            config=config,
+            fleet=self.fleet,
+            metrics=self.metrics,
+            api_keys=key_file.keys if key_file else [],
+            hot=self.hot,
         )
         self.scraper = Scraper(fleet=self.fleet, on_change=self._after_scrape)
         self.draining = False
@@ -93,6 +101,16 @@ class Router:
             )
             self._watcher.start()
         self._tasks.append(asyncio.get_running_loop().create_task(self.scraper.run()))
+        if self.key_file is not None:
+            self._tasks.append(asyncio.get_running_loop().create_task(self._reload_keys()))
+
+    async def _reload_keys(self) -> None:
+        assert self.key_file is not None
+        while True:
+            await asyncio.sleep(self.config.api_key_reload_seconds)
+            # A stat per period; the file is read only when it changed.
+            if self.key_file.refresh():
+                self.proxy.api_keys = self.key_file.keys
 
     async def stop(self) -> None:
         if self._watcher is not None:

@@ -11,6 +11,7 @@ import uvloop
 
 from shoal.router.app import Discovery, Router, serve
 from shoal.router.config import Policy, RouterConfig
+from shoal.router.keys import KeyFile, KeyFileError
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,20 +41,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.set_defaults(func=run)
 
 
-def read_api_keys(path: Path) -> list[bytes]:
-    """The keys in path, one per line (blank lines and surrounding whitespace
-    ignored). A key file that cannot be read or holds no key is an error: a
-    router started with one must never serve without authentication."""
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise SystemExit(f"API key file {path}: {error.strerror or error}") from error
-    keys = [line.strip() for line in data.splitlines() if line.strip()]
-    if not keys:
-        raise SystemExit(f"API key file {path}: no keys in it (one key per line)")
-    return keys
-
-
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -69,10 +56,13 @@ def run(args: argparse.Namespace) -> int:
         selector=args.selector,
         engine_port=args.engine_port,
     )
-    key_file = args.api_key_file or config.api_key_file
-    api_keys = read_api_keys(Path(key_file)) if key_file else []
+    key_path = args.api_key_file or config.api_key_file
+    try:
+        key_file = KeyFile(Path(key_path)) if key_path else None
+    except KeyFileError as error:
+        raise SystemExit(str(error)) from error
     # uvloop: the router relays ~10k stream chunks a second at 256 streams,
     # and the event loop's own cost is most of its per-chunk cost.
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(serve(Router(config, discovery, api_keys), host=args.host, port=args.port))
+        runner.run(serve(Router(config, discovery, key_file), host=args.host, port=args.port))
     return 0

@@ -122,6 +122,9 @@ class RouterConfig(_Model):
     )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body.")
     api_key_file: str | None = Field(None, description="File of accepted API keys, one per line.")
+    api_key_reload_seconds: float = Field(
+        10.0, gt=0, description="How often the API key file is checked for new keys."
+    )
     drain_seconds: float = Field(30.0, ge=0, description="Longest wait for requests on shutdown.")
     hot_prefixes: HotPrefixes = Field(default_factory=HotPrefixes)
 
