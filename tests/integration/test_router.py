@@ -188,6 +188,36 @@ def test_no_retry_after_the_first_byte(tmp_path: Path) -> None:
         assert engine_metric(other, "vllm:num_requests_running") == 0, "no retry after bytes"
 
 
+def test_a_stream_that_stalls_is_ended_at_the_total_deadline(tmp_path: Path) -> None:
+    config = {"timeouts": {"totalSeconds": 2.0}, "policy": "round-robin"}
+    with sims(2, tmp_path, time_scale=1.0) as urls, router(urls, tmp_path, config=config) as front:
+        received = b""
+        started = time.monotonic()
+        with httpx.stream(
+            "POST",
+            front + "/v1/completions",
+            timeout=30,
+            json=completion("a long answer please", max_tokens=2000, stream=True, ignore_eos=True),
+        ) as response:
+            serving = response.headers["x-shoal-replica"]
+            stalled = next(u for u in urls if u.removeprefix("http://") == serving)
+            with pytest.raises(httpx.HTTPError):
+                for chunk in response.iter_raw():
+                    received += chunk
+                    if len(received) > 500:
+                        set_fault(stalled, hang=True)  # no more tokens, connection open
+        ended = time.monotonic() - started
+        assert received and b"[DONE]" not in received
+        assert 1.5 < ended < 6, ended
+        other = next(u for u in urls if u != stalled)
+        assert engine_metric(other, "vllm:request_success_total") == 0, "no retry after bytes"
+        # The router's client still works: the next request goes to the other replica.
+        set_fault(stalled, hang=False)
+        answer = httpx.post(front + "/v1/completions", json=completion("next"), timeout=30)
+        assert answer.status_code == 200
+    assert "Traceback" not in (tmp_path / "router.log").read_text()
+
+
 def test_breaker_opens_and_recovers(tmp_path: Path) -> None:
     config = {
         "breaker": {"failureThreshold": 2, "openSeconds": 1.0},
