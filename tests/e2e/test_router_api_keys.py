@@ -3,7 +3,9 @@ key holds accepted keys, one per line; the operator mounts it in the router pod
 and passes the file's path as `--api-key-file` (the pod runner moves it to the
 Secret's files, as kubelet mounts them). Requests through the router pod then
 need `Authorization: Bearer <one of the keys>`; a new router pod (a rollout
-restart after the Secret changed) reads the new keys."""
+restart after the Secret changed) reads the new keys. (A running router also
+re-reads the file when kubelet updates it; the pod runner mounts Secrets only
+at start, so that is tested on processes, in tests/integration.)"""
 
 from __future__ import annotations
 
