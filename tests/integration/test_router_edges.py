@@ -225,12 +225,20 @@ def test_failures_retried_elsewhere_still_count_against_their_replica(tmp_path: 
     """The operator reads each replica's error rate from these counters: a
     replica that refuses connections must show it even though no client
     saw an error."""
-    with (
-        sims(2, tmp_path) as engines,
-        router(list(engines), tmp_path, config={"policy": "round-robin"}) as front,
-    ):
-        engines.kill(1)
+    # Metrics stay fresh for a minute: the router goes on believing the killed
+    # replica idle, so round-robin tries it (a stale one would be skipped).
+    config = {"policy": "round-robin", "staleAfterSeconds": 60}
+    with sims(2, tmp_path) as engines, router(list(engines), tmp_path, config=config) as front:
         alive, dead = (url.removeprefix("http://") for url in engines)
+        # /ready needs no scrape; wait until both replicas have been scraped.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            scraped = httpx.get(front + "/metrics", timeout=5).text
+            idle = [f'shoal_router_load_score{{replica="{r}"}} 0.0' for r in (alive, dead)]
+            if all(line in scraped for line in idle):
+                break
+            time.sleep(0.1)
+        engines.kill(1)
         for i in range(6):
             response = _post(front, {"model": MODEL, "prompt": f"q{i}", "max_tokens": 1})
             assert response.status_code == 200
