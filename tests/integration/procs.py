@@ -140,6 +140,22 @@ def router(
         stop_process(process)
 
 
+def wait_scraped(front: str, engines: Sequence[str], *, timeout: float = 10.0) -> None:
+    """Until the router has scraped every engine once and seen it idle: its
+    /ready needs no scrape, and an engine it has not scraped yet counts as
+    fully loaded (so a test that kills one at once could find it never tried)."""
+    idle = [
+        f'shoal_router_load_score{{replica="{u.removeprefix("http://")}"}} 0.0' for u in engines
+    ]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        metrics = httpx.get(front + "/metrics", timeout=5).text
+        if all(line in metrics for line in idle):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{front} had not scraped every engine after {timeout}s")
+
+
 def engine_metric(url: str, name: str) -> float:
     """Sum of a metric's samples at an engine (counts at the simulator, not the router)."""
     total = 0.0

@@ -13,7 +13,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.procs import MODEL, engine_metric, router, set_fault, sims
+from tests.integration.procs import (
+    MODEL,
+    engine_metric,
+    router,
+    set_fault,
+    sims,
+    wait_scraped,
+)
 
 SUCCESS = "vllm:request_success_total"
 
@@ -157,6 +164,7 @@ def test_hung_and_crashed_replicas_cost_no_unstarted_request(tmp_path: Path) -> 
     # the request.
     config = {"timeouts": {"firstByteSeconds": 1.0}, "maxRetries": 3, "staleAfterSeconds": 60}
     with sims(3, tmp_path) as urls, router(urls, tmp_path, config=config) as front:
+        wait_scraped(front, urls)
         set_fault(urls[0], hang=True)  # /health still 200, requests never answered
         urls.kill(1)
         placed = _placements(front, [f"request {i} " * 10 for i in range(12)])

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import httpx
 
-from tests.integration.procs import MODEL, free_port, router, sims, wait_http
+from tests.integration.procs import MODEL, free_port, router, sims, wait_http, wait_scraped
 
 
 def _post(url: str, body: object, **kwargs: object) -> httpx.Response:
@@ -230,14 +230,7 @@ def test_failures_retried_elsewhere_still_count_against_their_replica(tmp_path: 
     config = {"policy": "round-robin", "staleAfterSeconds": 60}
     with sims(2, tmp_path) as engines, router(list(engines), tmp_path, config=config) as front:
         alive, dead = (url.removeprefix("http://") for url in engines)
-        # /ready needs no scrape; wait until both replicas have been scraped.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            scraped = httpx.get(front + "/metrics", timeout=5).text
-            idle = [f'shoal_router_load_score{{replica="{r}"}} 0.0' for r in (alive, dead)]
-            if all(line in scraped for line in idle):
-                break
-            time.sleep(0.1)
+        wait_scraped(front, engines)
         engines.kill(1)
         for i in range(6):
             response = _post(front, {"model": MODEL, "prompt": f"q{i}", "max_tokens": 1})
