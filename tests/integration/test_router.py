@@ -8,6 +8,7 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -15,6 +16,7 @@ import pytest
 
 from tests.integration.procs import (
     MODEL,
+    Engines,
     engine_metric,
     router,
     set_fault,
@@ -174,23 +176,39 @@ def test_hung_and_crashed_replicas_cost_no_unstarted_request(tmp_path: Path) -> 
         assert 'shoal_router_retries_total{reason="connect_error"}' in metrics
 
 
+def _stream_until_broken(
+    front: str, urls: Engines, *, max_tokens: int, act: Callable[[int, bytes], None]
+) -> tuple[int, bytes]:
+    """Stream a long completion, calling `act(serving engine's index, bytes
+    received so far)` after every chunk, until the stream breaks (it must).
+    Returns the serving engine's index and the bytes received."""
+    received = b""
+    with httpx.stream(
+        "POST",
+        front + "/v1/completions",
+        timeout=30,
+        json=completion(
+            "a long answer please", max_tokens=max_tokens, stream=True, ignore_eos=True
+        ),
+    ) as response:
+        serving = response.headers["x-shoal-replica"]
+        index = [u.removeprefix("http://") for u in urls].index(serving)
+        with pytest.raises(httpx.HTTPError):
+            for chunk in response.iter_raw():
+                received += chunk
+                act(index, received)
+    assert received and b"[DONE]" not in received, "the stream ended early, as it must"
+    return index, received
+
+
 def test_no_retry_after_the_first_byte(tmp_path: Path) -> None:
     with sims(2, tmp_path, time_scale=1.0) as urls, router(urls, tmp_path) as front:
-        received = b""
-        with httpx.stream(
-            "POST",
-            front + "/v1/completions",
-            timeout=30,
-            json=completion("a long answer please", max_tokens=500, stream=True, ignore_eos=True),
-        ) as response:
-            serving = response.headers["x-shoal-replica"]
-            index = [u.removeprefix("http://") for u in urls].index(serving)
-            with pytest.raises(httpx.HTTPError):
-                for chunk in response.iter_raw():
-                    received += chunk
-                    if urls.processes[index].poll() is None:
-                        urls.kill(index)
-        assert received and b"[DONE]" not in received, "the stream ended early, as it must"
+
+        def kill_it(index: int, _: bytes) -> None:
+            if urls.processes[index].poll() is None:
+                urls.kill(index)
+
+        index, _ = _stream_until_broken(front, urls, max_tokens=500, act=kill_it)
         other = urls[1 - index]
         assert engine_metric(other, "vllm:request_success_total") == 0
         assert engine_metric(other, "vllm:num_requests_running") == 0, "no retry after bytes"
@@ -199,28 +217,19 @@ def test_no_retry_after_the_first_byte(tmp_path: Path) -> None:
 def test_a_stream_that_stalls_is_ended_at_the_total_deadline(tmp_path: Path) -> None:
     config = {"timeouts": {"totalSeconds": 2.0}, "policy": "round-robin"}
     with sims(2, tmp_path, time_scale=1.0) as urls, router(urls, tmp_path, config=config) as front:
-        received = b""
+
+        def stall_it(index: int, received: bytes) -> None:
+            if len(received) > 500:
+                set_fault(urls[index], hang=True)  # no more tokens, connection open
+
         started = time.monotonic()
-        with httpx.stream(
-            "POST",
-            front + "/v1/completions",
-            timeout=30,
-            json=completion("a long answer please", max_tokens=2000, stream=True, ignore_eos=True),
-        ) as response:
-            serving = response.headers["x-shoal-replica"]
-            stalled = next(u for u in urls if u.removeprefix("http://") == serving)
-            with pytest.raises(httpx.HTTPError):
-                for chunk in response.iter_raw():
-                    received += chunk
-                    if len(received) > 500:
-                        set_fault(stalled, hang=True)  # no more tokens, connection open
+        index, _ = _stream_until_broken(front, urls, max_tokens=2000, act=stall_it)
         ended = time.monotonic() - started
-        assert received and b"[DONE]" not in received
         assert 1.5 < ended < 6, ended
-        other = next(u for u in urls if u != stalled)
+        other = urls[1 - index]
         assert engine_metric(other, "vllm:request_success_total") == 0, "no retry after bytes"
         # The router's client still works: the next request goes to the other replica.
-        set_fault(stalled, hang=False)
+        set_fault(urls[index], hang=False)
         answer = httpx.post(front + "/v1/completions", json=completion("next"), timeout=30)
         assert answer.status_code == 200
     assert "Traceback" not in (tmp_path / "router.log").read_text()

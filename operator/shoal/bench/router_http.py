@@ -55,6 +55,8 @@ from typing import Any, cast
 
 import uvloop
 
+from shoal.bench.local import free_ports
+
 ROUTER_CORE = 0
 LOAD_CORE = 1
 
@@ -70,12 +72,6 @@ done = function(summary, latency, requests)
     latency:percentile(50), latency:percentile(99), latency.max))
 end
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait(port: int, timeout: float = 15.0) -> None:
@@ -418,6 +414,45 @@ async def _serve_relay(port: int, upstream_port: int) -> None:
     await server.serve_forever()
 
 
+def _rounds(names: list[str], rounds: int) -> Iterator[list[str]]:
+    """Each round runs every target once, starting one later than the round
+    before, so no target always runs first (on a cooler or warmer machine)."""
+    for i in range(rounds):
+        start = i % len(names)
+        yield names[start:] + names[:start]
+
+
+def _wrk_rounds(
+    targets: dict[str, int],
+    pids: dict[str, int],
+    *,
+    rounds: int,
+    seconds: float,
+    connections: int,
+    body: bytes,
+    tmp: Path,
+) -> dict[str, list[dict[str, Any]]]:
+    """wrk against direct and router, alternated, with every process's CPU."""
+    runs: dict[str, list[dict[str, Any]]] = {"direct": [], "router": []}
+    for order in _rounds(list(runs), rounds):
+        for name in order:
+            with Meter(pids) as meter:
+                run = _wrk(
+                    targets[name], seconds=seconds, connections=connections, body=body, tmp=tmp
+                )
+            run.update(meter.cpu)
+            runs[name].append(run)
+    return runs
+
+
+def _added(prefix: str, runs: dict[str, list[dict[str, Any]]], name: str) -> dict[str, float]:
+    """This round's latencies through `name` minus direct."""
+    return {
+        f"{prefix}_{key}": round(runs[name][-1][key] - runs["direct"][-1][key], 3)
+        for key in _ADDED_KEYS
+    }
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--serve-relay":
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -450,7 +485,7 @@ def main() -> None:
     # This process is the stream load generator: keep it off the router's core.
     os.sched_setaffinity(0, {LOAD_CORE})
     tmp = Path(tempfile.mkdtemp(prefix="shoal-bench-"))
-    up_port, router_port, relay_port = _free_port(), _free_port(), _free_port()
+    up_port, router_port, relay_port = free_ports(3)
     python = sys.executable
     with (
         _process(
@@ -520,25 +555,21 @@ def main() -> None:
             "load_average_start": _loadavg(),
         }
         if not args.skip_throughput:
-            runs: dict[str, list[dict[str, Any]]] = {"direct": [], "router": []}
-            for i in range(args.rounds):
-                order = ("direct", "router") if i % 2 == 0 else ("router", "direct")
-                for name in order:
-                    with Meter(pids) as meter:
-                        run: dict[str, Any] = _wrk(
-                            targets[name],
-                            seconds=args.seconds,
-                            connections=args.connections,
-                            body=_PLAIN_BODY,
-                            tmp=tmp,
-                        )
-                    run.update(meter.cpu)
-                    # Robust to other load on the machine: the router's CPU
-                    # per request (1e6 / this = requests/s on a whole core).
-                    run["router_cpu_us_per_request"] = round(
-                        float(run["router_cpu"]) * 1e6 / run["requests_per_second"], 1
-                    )
-                    runs[name].append(run)
+            runs = _wrk_rounds(
+                targets,
+                pids,
+                rounds=args.rounds,
+                seconds=args.seconds,
+                connections=args.connections,
+                body=_PLAIN_BODY,
+                tmp=tmp,
+            )
+            for run in runs["direct"] + runs["router"]:
+                # Robust to other load on the machine: the router's CPU
+                # per request (1e6 / this = requests/s on a whole core).
+                run["router_cpu_us_per_request"] = round(
+                    float(run["router_cpu"]) * 1e6 / run["requests_per_second"], 1
+                )
             result["throughput"] = {
                 "connections": args.connections,
                 "direct_rps_median": _median_of(runs["direct"], "requests_per_second"),
@@ -549,14 +580,11 @@ def main() -> None:
                 "rounds": runs,
             }
         if not args.skip_streams:
-            stream_runs: dict[str, list[dict[str, Any]]] = {"direct": [], "router": []}
-            names = ["direct", "router"]
-            if args.floor:
-                stream_runs["relay"] = []
-                names.append("relay")
+            names = ["direct", "router", "relay"] if args.floor else ["direct", "router"]
+            stream_runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
             added_runs: list[dict[str, float]] = []
-            for i in range(args.rounds):
-                for name in names[i % len(names) :] + names[: i % len(names)]:
+            for order in _rounds(names, args.rounds):
+                for name in order:
                     with (
                         Meter(pids) as meter,
                         asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
@@ -576,23 +604,9 @@ def main() -> None:
                         1,
                     )
                     stream_runs[name].append(stats)
-                added_runs.append(
-                    {
-                        f"added_{key}": round(
-                            stream_runs["router"][-1][key] - stream_runs["direct"][-1][key], 3
-                        )
-                        for key in _ADDED_KEYS
-                    }
-                )
+                added_runs.append(_added("added", stream_runs, "router"))
                 if args.floor:
-                    added_runs[-1].update(
-                        {
-                            f"relay_added_{key}": round(
-                                stream_runs["relay"][-1][key] - stream_runs["direct"][-1][key], 3
-                            )
-                            for key in _ADDED_KEYS
-                        }
-                    )
+                    added_runs[-1].update(_added("relay_added", stream_runs, "relay"))
             floor = (
                 {
                     f"relay_added_{key}_median": _median_of(added_runs, f"relay_added_{key}")
@@ -617,20 +631,15 @@ def main() -> None:
                 "rounds": stream_runs,
             }
         if args.wrk_streams:
-            wrk_runs: dict[str, list[dict[str, Any]]] = {"direct": [], "router": []}
-            for i in range(args.rounds):
-                order = ("direct", "router") if i % 2 == 0 else ("router", "direct")
-                for name in order:
-                    with Meter(pids) as meter:
-                        run = _wrk(
-                            targets[name],
-                            seconds=args.stream_seconds,
-                            connections=args.streams,
-                            body=_STREAM_BODY,
-                            tmp=tmp,
-                        )
-                    run.update(meter.cpu)
-                    wrk_runs[name].append(run)
+            wrk_runs = _wrk_rounds(
+                targets,
+                pids,
+                rounds=args.rounds,
+                seconds=args.stream_seconds,
+                connections=args.streams,
+                body=_STREAM_BODY,
+                tmp=tmp,
+            )
             result["wrk_streams"] = {
                 "added_p50_ms_median": round(
                     _median_of(wrk_runs["router"], "p50_ms")

@@ -77,8 +77,8 @@ class Proxy:
         timeouts = config.timeouts
         # Built once: every request reuses it.
         # No total here: aiohttp enforces one by re-arming a timer around every
-        # chunk read (about a tenth of the router's CPU at 256 streams);
-        # `_forward` keeps the whole request's deadline with one asyncio timeout.
+        # chunk read; `_forward` keeps the whole request's deadline with one
+        # asyncio timeout per request.
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_seconds)
 
     async def start(self) -> None:
