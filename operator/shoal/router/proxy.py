@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from shoal.router.config import RouterConfig
 from shoal.router.errors import error_response
@@ -25,6 +26,8 @@ from shoal.router.hot import HotPrefixes
 from shoal.router.metrics import RouterMetrics
 from shoal.router.policy import Choice, Chooser, RequestFacts
 from shoal.router.prefix import PrefixKey, hash_text, prefix_key, render_prompt, request_facts
+from shoal.router.relay import ChunkRelay
+from shoal.router.upstream import Exchange, Pool, UpstreamError, request_head
 
 log = logging.getLogger("shoal.router")
 
@@ -73,17 +76,14 @@ class Proxy:
         self.capacity_changed = asyncio.Condition()
         self.waiting = 0
         self.inflight = 0
+        # Completions go through this pool, one for the life of the process,
+        # with no cap per engine (the engines queue themselves, and the router
+        # bounds admission).
+        self.pool = Pool(connect_seconds=config.timeouts.connect_seconds)
+        # The rest (/v1/models, merged from the replicas) through aiohttp's.
         self.session: aiohttp.ClientSession | None = None
-        timeouts = config.timeouts
-        # Built once: every request reuses it.
-        # No total here: aiohttp enforces one by re-arming a timer around every
-        # chunk read; `_forward` keeps the whole request's deadline with one
-        # asyncio timeout per request.
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_seconds)
 
     async def start(self) -> None:
-        # One pool for the life of the process; no per-host cap (the engines
-        # queue themselves, and the router bounds admission).
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60),
             # A proxy for many clients: a cookie one engine answer set must not
@@ -95,6 +95,7 @@ class Proxy:
         )
 
     async def close(self) -> None:
+        self.pool.close()
         if self.session is not None:
             await self.session.close()
 
@@ -240,8 +241,6 @@ class Proxy:
         stream: bool,
         prefill: float,
     ) -> web.StreamResponse:
-        assert self.session is not None
-        url = replica.endpoint.url + request.rel_url.path
         name = replica.endpoint.name
         series = self.metrics.series(name)
         self.fleet.begin(replica, prefill_tokens=prefill)
@@ -257,55 +256,63 @@ class Proxy:
         timeouts = self.config.timeouts
         now = asyncio.get_running_loop().time()
         deadline = now + timeouts.total_seconds
-        upstream: aiohttp.ClientResponse | None = None
+        exchange: Exchange | None = None
         outcome: bool | None = None
         try:
             try:
                 # asyncio.timeout, not wait_for: no extra task per request.
                 async with asyncio.timeout_at(min(now + timeouts.first_byte_seconds, deadline)):
-                    upstream = await self.session.post(
-                        url, data=raw, headers=_UPSTREAM_HEADERS, timeout=self._timeout
+                    exchange, status, headers = await self._send(
+                        replica, request.rel_url.raw_path, raw, on_first=prefilled
                     )
             except TimeoutError as error:
                 outcome = False
                 series.requests(504).inc()  # retried elsewhere, but the replica failed
                 raise UpstreamFailed("first_byte_timeout") from error
-            except aiohttp.ClientError as error:
+            except UpstreamError as error:
                 outcome = False
                 series.requests(502).inc()
                 raise UpstreamFailed("connect_error") from error
-            if upstream.status in RETRYABLE_STATUS:
+            if status in RETRYABLE_STATUS:
                 outcome = False
-                upstream.close()
-                series.requests(upstream.status).inc()
-                raise UpstreamFailed(f"status_{upstream.status}")
+                series.requests(status).inc()
+                raise UpstreamFailed(f"status_{status}")
             series.ttft.observe(time.perf_counter() - sent_at)
             # Other server errors pass through (the engine's own answer), but
             # count against the replica's breaker.
-            outcome = upstream.status < 500
-            async with asyncio.timeout_at(deadline):
-                response = await self._relay(
-                    request, upstream, stream=stream, replica=name, on_first=prefilled
-                )
-            series.requests(upstream.status).inc()
+            outcome = status < 500
+            if stream and status == 200:
+                async with asyncio.timeout_at(deadline):
+                    response = await self._stream(request, exchange, status, headers)
+            else:
+                try:
+                    response = await self._whole(exchange, status, headers, deadline=deadline)
+                except UpstreamFailed:
+                    outcome = False
+                    series.requests(502).inc()
+                    raise
+                if response.status == 504:
+                    outcome = False
+            series.requests(response.status).inc()
             return response
         except asyncio.CancelledError:
-            # The client went away: close the upstream connection so the
+            # The client went away: the connection is dropped below, so the
             # engine aborts the request and frees its KV blocks.
-            if upstream is not None:
-                upstream.close()
             outcome = None
             series.requests(499).inc()
             raise
-        except (aiohttp.ClientError, TimeoutError):
-            outcome = False  # broke mid-stream, after bytes reached the client
+        except (UpstreamError, TimeoutError):
+            # Broke mid-stream, after bytes reached the client: no retry. The
+            # client sees an incomplete response rather than a hang.
+            outcome = False
+            log.warning("upstream stream broke after the first byte")
             raise
         finally:
-            if upstream is not None:
-                # Whatever ended the request (the client gone, or a failed write
-                # to it), an unread answer must not hold its connection: aborting
-                # it is how the engine learns to stop. No-op once released.
-                upstream.close()
+            if exchange is not None:
+                # Back to the pool only if the answer was read whole; otherwise
+                # (the client gone, a failed write, a deadline) the connection
+                # is dropped, which is how the engine learns to stop.
+                exchange.release()
             prefilled()
             self.fleet.end(replica, ok=outcome)
             self.inflight -= 1
@@ -314,36 +321,66 @@ class Proxy:
             if self.waiting:  # nobody queued: nobody to wake
                 asyncio.get_running_loop().create_task(self.notify_capacity())
 
-    async def _relay(
+    async def _send(
+        self, replica: Replica, path: str, raw: bytes, *, on_first: Callable[[], None]
+    ) -> tuple[Exchange, int, CIMultiDict[str]]:
+        """Send the request and wait for the answer's status and headers."""
+        address = self.pool.address(replica.endpoint.url)
+        head = request_head(b"POST", address.base + path.encode(), address, len(raw))
+        while True:
+            exchange = await self.pool.open(address)
+            exchange.send(head + raw, on_first=on_first)
+            try:
+                status, raw_headers = await exchange.head
+            except UpstreamError as error:
+                exchange.release()
+                if exchange.reused and not error.answered:
+                    # A kept-alive connection the engine closed meanwhile, not
+                    # a failure of the engine: the pool drops it; try again.
+                    continue
+                raise
+            except BaseException:
+                exchange.release()
+                raise
+            headers = CIMultiDict(
+                (k.decode("latin-1"), v.decode("latin-1"))
+                for k, v in raw_headers
+                if k.decode("latin-1").lower() not in _HOP_BY_HOP
+            )
+            headers[REPLICA_HEADER] = replica.endpoint.name
+            return exchange, status, headers
+
+    async def _whole(
+        self, exchange: Exchange, status: int, headers: CIMultiDict[str], *, deadline: float
+    ) -> web.Response:
+        """A plain answer: nothing reaches the client before its end, so an
+        engine that breaks off meanwhile costs only a retry elsewhere."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                await exchange.done
+        except UpstreamError as error:
+            raise UpstreamFailed("broken_answer") from error
+        except TimeoutError:
+            total = self.config.timeouts.total_seconds
+            return error_response(504, f"The replica did not answer within {total:g} seconds.")
+        return web.Response(status=status, body=exchange.body(), headers=headers)
+
+    async def _stream(
         self,
         request: web.Request,
-        upstream: aiohttp.ClientResponse,
-        *,
-        stream: bool,
-        replica: str,
-        on_first: Callable[[], None],
+        exchange: Exchange,
+        status: int,
+        headers: CIMultiDict[str],
     ) -> web.StreamResponse:
-        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
-        headers[REPLICA_HEADER] = replica
-        if not stream:
-            body = await upstream.read()
-            upstream.release()
-            return web.Response(status=upstream.status, body=body, headers=headers)
-        response = web.StreamResponse(status=upstream.status, headers=headers)
-        await response.prepare(request)
-        try:
-            async for chunk in upstream.content.iter_any():
-                # Engines stream nothing before their first output token
-                # (vLLM's headers come first, its first chunk after prefill).
-                on_first()
-                await response.write(chunk)
-        except (aiohttp.ClientError, TimeoutError):
-            # Bytes already reached the client: no retry. End the stream so the
-            # client sees an incomplete response rather than a hang.
-            log.warning("upstream stream broke after the first byte")
-            upstream.close()
-            raise
-        upstream.release()
+        response = web.StreamResponse(status=status, headers=headers)
+        writer = await response.prepare(request)
+        assert writer is not None and request.transport is not None
+        writer.send_headers()
+        # From here each network read from the engine is written to the
+        # client in the same callback (no task switch per chunk); this task
+        # only waits for the end.
+        exchange.attach(ChunkRelay(request.transport, exchange, writer))
+        await exchange.done
         await response.write_eof()
         return response
 

@@ -1,0 +1,46 @@
+"""Relaying a streamed answer to the client, one network read at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from aiohttp.abc import AbstractStreamWriter
+
+from shoal.router.upstream import Exchange
+
+# Above this many bytes unsent to a slow client, stop reading from its engine
+# (the kernel's window then slows the engine's writes) until they drain.
+HIGH_WATER = 64 * 1024
+
+
+class ChunkRelay:
+    """Writes each piece of an engine's streamed body to the client as one
+    HTTP/1.1 chunk, from the engine connection's read callback."""
+
+    __slots__ = ("_draining", "exchange", "transport", "writer")
+
+    def __init__(
+        self, transport: asyncio.Transport, exchange: Exchange, writer: AbstractStreamWriter
+    ) -> None:
+        self.transport = transport
+        self.exchange = exchange
+        self.writer = writer
+        self._draining: asyncio.Task[None] | None = None
+
+    def __call__(self, chunk: bytes) -> None:
+        transport = self.transport
+        if transport.is_closing():
+            return  # the client is gone: aiohttp cancels the handler, which drops the engine
+        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        if self._draining is None and transport.get_write_buffer_size() > HIGH_WATER:
+            self.exchange.pause()
+            self._draining = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            with contextlib.suppress(ConnectionError):
+                await self.writer.drain()
+        finally:
+            self._draining = None
+            self.exchange.resume()
