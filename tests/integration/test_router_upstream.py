@@ -379,3 +379,56 @@ def test_a_client_that_stops_reading_stops_the_engine_not_the_router_memory(
     assert stalled_at < pieces * piece // 2, f"the engine sent {stalled_at} bytes unread"
     assert len(payload) == sent[0] == pieces * piece
     assert payload.count(b"x") == len(payload)
+
+
+def test_a_connection_idle_past_its_time_is_closed_by_the_router() -> None:
+    """Closed before the engine's own keep-alive timeout would race a send."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await _read_request(reader) is not None:
+            writer.write(_ok(b"{}"))
+
+    server = Server(script)
+
+    async def scenario() -> None:
+        pool = Pool(connect_seconds=1, idle_seconds=0.1)
+        async with server as address:
+            first = await _exchange(pool, address)
+            await first.done
+            first.release()
+            await asyncio.sleep(0.05)
+            again = await _exchange(pool, address)  # within the idle time: reused
+            assert again is first
+            await again.done
+            again.release()
+            await asyncio.sleep(0.3)
+            assert first.transport is None
+            fresh = await _exchange(pool, address)
+            assert fresh is not first
+            await fresh.done
+
+    asyncio.run(scenario())
+    assert server.connections == 2
+
+
+def test_bytes_on_an_idle_connection_are_not_taken_for_the_next_answer() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await _read_request(reader) is not None:
+            writer.write(_ok(b"{}"))
+            await writer.drain()
+            writer.write(_ok(b"stray", b"X-Unasked: 1\r\n"))
+
+    async def scenario() -> tuple[bytes, bytes]:
+        pool = Pool(connect_seconds=1)
+        async with Server(script) as address:
+            first = await _exchange(pool, address)
+            await first.done
+            await asyncio.sleep(0.1)  # the stray answer arrives, whole or in part
+            first_body = first.body()
+            first.release()
+            second = await _exchange(pool, address)
+            assert second is not first
+            await second.done
+            return first_body, second.body()
+
+    assert asyncio.run(scenario()) == (b"{}", b"{}")

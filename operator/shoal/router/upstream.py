@@ -60,6 +60,7 @@ class Exchange(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self.reused = False
+        self.expiry: asyncio.TimerHandle | None = None  # while idle in the pool
         self._reset()
 
     def _reset(self) -> None:
@@ -70,6 +71,8 @@ class Exchange(asyncio.Protocol):
         self._held: list[bytes] = []
         self._sink: Sink | None = None
         self._on_first: Callable[[], None] | None = None
+        self._busy = False  # a request was sent, its answer not yet whole
+        self._stray = False  # an answer came that no request asked for
         self._answered = False
         self._complete = False
         self._keep_alive = False
@@ -79,6 +82,7 @@ class Exchange(asyncio.Protocol):
     def send(self, data: bytes, *, on_first: Callable[[], None] | None = None) -> None:
         assert self.transport is not None
         self._on_first = on_first
+        self._busy = True
         self.transport.write(data)
 
     def attach(self, sink: Sink) -> None:
@@ -105,6 +109,13 @@ class Exchange(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
         self._fail("aborted")
+
+    def expire(self) -> None:
+        """Close an idle connection (its pool entry goes when it is lost)."""
+        if self.expiry is not None:
+            self.expiry.cancel()
+        if self.transport is not None:
+            self.transport.close()
 
     def release(self) -> None:
         """Back to the pool when the answer was read whole and may be reused."""
@@ -133,8 +144,12 @@ class Exchange(asyncio.Protocol):
             self._fail("upgrade")
         except httptools.HttpParserError:
             self._fail("malformed answer")
-        if self.done.done() and not self._complete and self.transport is not None:
-            self.transport.abort()
+        if self._stray or (self.done.done() and not self._complete):
+            # Failed, or bytes nobody asked for (say a server's 408 on an idle
+            # connection), which would pass for the next request's answer.
+            self._keep_alive = False
+            if self.transport is not None:
+                self.transport.abort()
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -149,9 +164,13 @@ class Exchange(asyncio.Protocol):
 
     # ---- httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
+        if self._busy:
+            self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if not self._busy:
+            self._stray = True
+            return
         self._answered = True
         status = self._parser.get_status_code()
         if status < 200:  # 1xx: an interim answer, the real one follows
@@ -164,6 +183,8 @@ class Exchange(asyncio.Protocol):
             self.head.set_result((status, self.headers))
 
     def on_body(self, chunk: bytes) -> None:
+        if not self._busy:
+            return
         if self._on_first is not None:
             on_first, self._on_first = self._on_first, None
             on_first()
@@ -174,10 +195,12 @@ class Exchange(asyncio.Protocol):
             sink(chunk)
 
     def on_message_complete(self) -> None:
+        if not self._busy or not self.head.done():
+            return  # a stray answer, or an interim one (1xx)
         # Asked now: llhttp forgets it once the message is complete.
         self._keep_alive = self._parser.should_keep_alive()
-        if self.head.done():
-            self._finish()
+        self._busy = False
+        self._finish()
 
     # ----
     def _finish(self) -> None:
@@ -194,11 +217,19 @@ class Exchange(asyncio.Protocol):
                 future.exception()
 
 
+# vLLM closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, as
+# uvicorn): closing ours first keeps most sends off a connection it is closing.
+IDLE_SECONDS = 4.0
+# Parsed endpoint URLs kept; pod IPs churn, so the cache is bounded.
+_MAX_ADDRESSES = 4096
+
+
 class Pool:
     """Idle keep-alive connections per engine address."""
 
-    def __init__(self, *, connect_seconds: float) -> None:
+    def __init__(self, *, connect_seconds: float, idle_seconds: float = IDLE_SECONDS) -> None:
         self.connect_seconds = connect_seconds
+        self.idle_seconds = idle_seconds
         self._idle: dict[Address, list[Exchange]] = {}
         self._addresses: dict[str, Address] = {}
         self._tls: ssl.SSLContext | None = None
@@ -206,6 +237,8 @@ class Pool:
     def address(self, url: str) -> Address:
         address = self._addresses.get(url)
         if address is None:
+            if len(self._addresses) >= _MAX_ADDRESSES:
+                self._addresses.clear()
             address = self._addresses[url] = Address.parse(url)
         return address
 
@@ -214,6 +247,8 @@ class Pool:
         idle = self._idle.get(address)
         while idle:
             exchange = idle.pop()
+            if exchange.expiry is not None:
+                exchange.expiry.cancel()
             if exchange.transport is not None and not exchange.transport.is_closing():
                 return exchange
         loop = asyncio.get_running_loop()
@@ -232,6 +267,8 @@ class Pool:
         return protocol
 
     def put(self, exchange: Exchange) -> None:
+        loop = asyncio.get_running_loop()
+        exchange.expiry = loop.call_later(self.idle_seconds, exchange.expire)
         self._idle.setdefault(exchange.address, []).append(exchange)
 
     def forget(self, exchange: Exchange) -> None:
@@ -241,10 +278,9 @@ class Pool:
                 idle.remove(exchange)
 
     def close(self) -> None:
-        for idle in self._idle.values():
-            for exchange in idle:
-                if exchange.transport is not None:
-                    exchange.transport.close()
+        for idle in list(self._idle.values()):
+            for exchange in list(idle):
+                exchange.expire()
         self._idle.clear()
 
 
