@@ -375,7 +375,11 @@ class Proxy:
         response = web.StreamResponse(status=status, headers=headers)
         writer = await response.prepare(request)
         assert writer is not None and request.transport is not None
-        writer.send_headers()
+        held = exchange.take()
+        if held:
+            await response.write(held)  # one send with the headers
+        else:
+            writer.send_headers()
         # From here each network read from the engine is written to the
         # client in the same callback (no task switch per chunk); this task
         # only waits for the end.

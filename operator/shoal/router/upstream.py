@@ -96,6 +96,11 @@ class Exchange(asyncio.Protocol):
         """The whole held body (for an answer read to its end unattached)."""
         return b"".join(self._held)
 
+    def take(self) -> bytes:
+        """What has arrived of the body so far, no longer held."""
+        held, self._held = self.body(), []
+        return held
+
     def pause(self) -> None:
         if self.transport is not None:
             self.transport.pause_reading()
