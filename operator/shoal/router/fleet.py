@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from shoal.router.breaker import CircuitBreaker
 from shoal.router.config import RouterConfig
 from shoal.router.index import PrefixIndex
-from shoal.router.policy import Candidate
+from shoal.router.policy import Candidate, Choice, Chooser, RequestFacts
 from shoal.router.prefix import PrefixKey
 from shoal.router.signals import EngineSignals, Load, load_from_inflight, load_from_signals
 
@@ -162,6 +162,26 @@ class Fleet:
             replica.scraped_at is not None
             and now - replica.scraped_at <= self.config.stale_after_seconds
         )
+
+    def decide(
+        self,
+        chooser: Chooser,
+        key: PrefixKey,
+        facts: RequestFacts,
+        *,
+        exclude: frozenset[str] = frozenset(),
+    ) -> tuple[Choice | None, bool]:
+        """The chooser's pick, and whether there was anyone to pick from.
+        The prompt is matched against every replica only for the policies
+        that weigh hits; for the rest only against the chosen one (for its
+        prefill estimate and the predicted-hit metric)."""
+        weighs = chooser.weighs_hits
+        candidates = self.candidates(key=key if weighs else None, exclude=exclude)
+        choice = chooser.choose(candidates, facts)
+        if choice is not None and not weighs and key.hashes:
+            hit = key.held_share(self.index.depth(choice.replica, key.hashes))
+            choice = Choice(choice.replica, hit, choice.reason)
+        return choice, bool(candidates)
 
     def candidates(
         self, *, key: PrefixKey | None, exclude: frozenset[str] = frozenset()

@@ -72,6 +72,17 @@ class PrefixIndex:
             else:
                 del owners[old]
 
+    def depth(self, replica: str, blocks: Sequence[int]) -> int:
+        """Leading blocks of the prompt one replica holds (its `match`)."""
+        slot = self._slot.get(replica)
+        if slot is None:
+            return 0
+        bit, owners = 1 << slot, self._owners
+        for i, block in enumerate(blocks):
+            if not owners.get(block, 0) & bit:
+                return i
+        return len(blocks)
+
     def match(self, blocks: Sequence[int]) -> dict[str, int]:
         """Leading blocks (checkpoints) of the prompt each replica holds
         (replicas holding none are left out)."""

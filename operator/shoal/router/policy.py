@@ -85,6 +85,8 @@ class Chooser:
         self.config = config
         self.rng = rng or random.Random()
         self._next = 0
+        # The others choose without looking at what replicas hold.
+        self.weighs_hits = config.policy in (Policy.PREFIX, Policy.CACHE_AWARE)
 
     def choose(self, candidates: Sequence[Candidate], facts: RequestFacts) -> Choice | None:
         eligible = list(itertools.filterfalse(_SATURATED, candidates))

@@ -155,10 +155,9 @@ class Proxy:
         last_failure = "no replica available"
         for attempt in range(attempts):
             t0 = time.perf_counter()
-            candidates = self.fleet.candidates(key=key, exclude=frozenset(tried))
-            choice = self.chooser.choose(candidates, facts)
+            choice, anyone = self.fleet.decide(self.chooser, key, facts, exclude=frozenset(tried))
             decision_seconds += time.perf_counter() - t0
-            if choice is None and not candidates:
+            if choice is None and not anyone:
                 # Nobody left to try (none routable, breakers open, or all
                 # tried already): queueing would only delay the answer.
                 break
@@ -224,8 +223,7 @@ class Proxy:
                         await asyncio.wait_for(
                             self.capacity_changed.wait(), timeout=min(remaining, 0.5)
                         )
-                candidates = self.fleet.candidates(key=key, exclude=frozenset(tried))
-                choice = self.chooser.choose(candidates, facts)
+                choice, _ = self.fleet.decide(self.chooser, key, facts, exclude=frozenset(tried))
                 if choice is not None:
                     return choice
         finally:
