@@ -292,3 +292,34 @@ def test_the_router_keeps_no_cookies_and_asks_no_compression_for_its_clients(
     assert all("cookie" not in headers for headers in seen)
     assert all("accept-encoding" not in headers for headers in seen)
     assert {headers["user-agent"] for headers in seen} == {"shoal-router"}
+
+
+class _SlowMetricsEngine(BaseHTTPRequestHandler):
+    """An engine whose /metrics takes a while to answer."""
+
+    def do_GET(self) -> None:
+        time.sleep(1.5)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_the_router_is_ready_only_after_its_first_scrape_round(tmp_path: Path) -> None:
+    """Before it, every replica counts as fully loaded (or some do while others
+    were scraped already), which is no state to take requests in."""
+    engine = ThreadingHTTPServer(("127.0.0.1", 0), _SlowMetricsEngine)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    upstream = f"http://127.0.0.1:{engine.server_address[1]}"
+    started = time.monotonic()
+    try:
+        with router([upstream], tmp_path, config={"scrapeTimeoutSeconds": 5}) as front:
+            waited = time.monotonic() - started  # router() returns once /ready is 200
+            metrics = httpx.get(front + "/metrics", timeout=5).text
+    finally:
+        engine.shutdown()
+    assert waited >= 1.5
+    name = upstream.removeprefix("http://")
+    assert f'shoal_router_load_score{{replica="{name}"}}' in metrics, metrics

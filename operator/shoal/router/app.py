@@ -137,6 +137,11 @@ class Router:
         routable = len(self.fleet.routable())
         if routable == 0:
             return error_response(503, "No replica is ready.")
+        if self.scraper.scrapes == 0:
+            # Until then every replica would count as fully loaded, or some
+            # would while others were already scraped: not worth a request.
+            # A round ends when each scrape has answered or timed out.
+            return error_response(503, "Waiting for the first scrape of the replicas' metrics.")
         return web.json_response({"status": "ready", "routable": routable})
 
     async def metrics_endpoint(self, _: web.Request) -> web.Response:
