@@ -432,3 +432,35 @@ def test_bytes_on_an_idle_connection_are_not_taken_for_the_next_answer() -> None
             return first_body, second.body()
 
     assert asyncio.run(scenario()) == (b"{}", b"{}")
+
+
+def test_a_plain_answer_cut_short_is_retried_elsewhere(tmp_path: Path) -> None:
+    """Nothing of a non-streamed answer reaches the client before its end, so
+    an engine that dies halfway costs a retry on another replica, not the
+    request; the failure still counts against that engine."""
+
+    def cut(conn: socket.socket, _: int, __: bytes) -> bool:
+        conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"choi')
+        return False
+
+    def whole(conn: socket.socket, _: int, __: bytes) -> bool:
+        conn.sendall(_ok(b'{"choices": []}', b"Content-Type: application/json\r\n"))
+        return True
+
+    broken, good = _ThreadedEngine(cut), _ThreadedEngine(whole)
+    config = {"policy": "round-robin"}
+    try:
+        with router([broken.url, good.url], tmp_path, config=config) as front:
+            for _ in range(4):
+                response = httpx.post(
+                    front + "/v1/completions", json={"model": "m", "prompt": "hi"}, timeout=10
+                )
+                assert response.status_code == 200, response.text
+                assert response.json() == {"choices": []}
+            metrics = httpx.get(front + "/metrics", timeout=5).text
+    finally:
+        broken.close()
+        good.close()
+    assert 'shoal_router_retries_total{reason="broken_answer"}' in metrics, metrics
+    cut_name = broken.url.removeprefix("http://")
+    assert f'shoal_router_requests_total{{code="502",replica="{cut_name}"}}' in metrics

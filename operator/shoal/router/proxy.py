@@ -374,16 +374,20 @@ class Proxy:
         writer = await response.prepare(request)
         assert writer is not None and request.transport is not None
         held = exchange.take()
-        if held:
-            await response.write(held)  # one send with the headers
-        else:
-            writer.send_headers()
+        # A client gone meanwhile is not an error here: aiohttp cancels this
+        # handler when its connection is lost, which drops the engine's.
+        with contextlib.suppress(ConnectionResetError):
+            if held:
+                await response.write(held)  # one send with the headers
+            else:
+                writer.send_headers()
         # From here each network read from the engine is written to the
         # client in the same callback (no task switch per chunk); this task
         # only waits for the end.
         exchange.attach(ChunkRelay(request.transport, exchange, writer))
         await exchange.done
-        await response.write_eof()
+        with contextlib.suppress(ConnectionResetError):
+            await response.write_eof()
         return response
 
 
