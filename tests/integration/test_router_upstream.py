@@ -464,3 +464,40 @@ def test_a_plain_answer_cut_short_is_retried_elsewhere(tmp_path: Path) -> None:
     assert 'shoal_router_retries_total{reason="broken_answer"}' in metrics, metrics
     cut_name = broken.url.removeprefix("http://")
     assert f'shoal_router_requests_total{{code="502",replica="{cut_name}"}}' in metrics
+
+
+def test_an_http_1_0_client_gets_the_stream_unframed_to_the_connection_end(
+    tmp_path: Path,
+) -> None:
+    events = [b'data: {"n": %d}\n\n' % i for i in range(3)] + [b"data: [DONE]\n\n"]
+
+    def stream(conn: socket.socket, _: int, __: bytes) -> bool:
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        for event in events:
+            conn.sendall(b"%x\r\n%s\r\n" % (len(event), event))
+            time.sleep(0.02)
+        conn.sendall(b"0\r\n\r\n")
+        return True
+
+    engine = _ThreadedEngine(stream)
+    try:
+        with router([engine.url], tmp_path) as front:
+            port = int(front.rsplit(":", 1)[1])
+            body = b'{"model": "m", "prompt": "hi", "stream": true}'
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+                client.sendall(
+                    b"POST /v1/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(body), body)
+                )
+                answer = b""
+                while chunk := client.recv(65536):  # until the router closes
+                    answer += chunk
+    finally:
+        engine.close()
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") or head.startswith(b"HTTP/1.1 200"), head
+    assert b"transfer-encoding" not in head.lower()
+    assert payload == b"".join(events)

@@ -384,7 +384,8 @@ class Proxy:
         # From here each network read from the engine is written to the
         # client in the same callback (no task switch per chunk); this task
         # only waits for the end.
-        exchange.attach(ChunkRelay(request.transport, exchange, writer))
+        chunked = response.headers.get("Transfer-Encoding") == "chunked"
+        exchange.attach(ChunkRelay(request.transport, exchange, writer, chunked=chunked))
         await exchange.done
         with contextlib.suppress(ConnectionResetError):
             await response.write_eof()

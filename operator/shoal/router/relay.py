@@ -16,23 +16,30 @@ HIGH_WATER = 64 * 1024
 
 class ChunkRelay:
     """Writes each piece of an engine's streamed body to the client as one
-    HTTP/1.1 chunk, from the engine connection's read callback."""
+    HTTP/1.1 chunk (or as it is, to an HTTP/1.0 client: the connection's end
+    ends the body), from the engine connection's read callback."""
 
-    __slots__ = ("_draining", "exchange", "transport", "writer")
+    __slots__ = ("_draining", "chunked", "exchange", "transport", "writer")
 
     def __init__(
-        self, transport: asyncio.Transport, exchange: Exchange, writer: AbstractStreamWriter
+        self,
+        transport: asyncio.Transport,
+        exchange: Exchange,
+        writer: AbstractStreamWriter,
+        *,
+        chunked: bool,
     ) -> None:
         self.transport = transport
         self.exchange = exchange
         self.writer = writer
+        self.chunked = chunked
         self._draining: asyncio.Task[None] | None = None
 
     def __call__(self, chunk: bytes) -> None:
         transport = self.transport
         if transport.is_closing():
             return  # the client is gone: aiohttp cancels the handler, which drops the engine
-        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if self.chunked else chunk)
         if self._draining is None and transport.get_write_buffer_size() > HIGH_WATER:
             self.exchange.pause()
             self._draining = asyncio.get_running_loop().create_task(self._drain())
