@@ -3,10 +3,11 @@ a time per connection, parsed by httptools (llhttp) in the event loop's own
 callbacks.
 
 Why not a client library: a streamed answer is relayed from here by a callback
-per network read (`Exchange.attach`) with no task switch per chunk. aiohttp's
-client wakes a task for every chunk, and that wake-up plus its writer was most
-of the router's cost per chunk at 256 concurrent streams (`make
-bench-router`)."""
+per network read (`Exchange.attach`), with no task woken per chunk as
+aiohttp's client does. At 256 concurrent 16-chunk streams (`make
+bench-router`) the router's CPU per stream fell from 804-845 us with aiohttp's
+client to 490-640 us, and the added latency of each chunk from +0.7 to +0.4 ms
+at p50."""
 
 from __future__ import annotations
 
