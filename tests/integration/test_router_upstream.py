@@ -10,7 +10,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 
 import httpx
@@ -308,6 +308,28 @@ class _ThreadedEngine:
         self.listener.close()
 
 
+def _send_chunked(conn: socket.socket, pieces: Iterable[bytes], *, gap: float = 0.0) -> None:
+    """An engine's streamed answer: each piece one HTTP/1.1 chunk."""
+    conn.sendall(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    for piece in pieces:
+        conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        time.sleep(gap)
+    conn.sendall(b"0\r\n\r\n")
+
+
+def _stream_request(front: str, version: bytes) -> socket.socket:
+    """A streamed completion asked of the router over a raw socket."""
+    body = b'{"model": "m", "prompt": "hi", "stream": true}'
+    client = socket.create_connection(("127.0.0.1", int(front.rsplit(":", 1)[1])), timeout=10)
+    client.sendall(
+        b"POST /v1/completions HTTP/%s\r\nHost: r\r\nContent-Length: %d\r\n\r\n%s"
+        % (version, len(body), body)
+    )
+    return client
+
+
 def test_a_kept_alive_connection_the_engine_dropped_is_not_a_failure(tmp_path: Path) -> None:
     """The engine closes an idle connection just as the router sends on it
     (uvicorn's keep-alive timeout racing a new request): the router sends again
@@ -345,35 +367,29 @@ def test_a_client_that_stops_reading_stops_the_engine_not_the_router_memory(
     pieces = 1024  # 64 MiB: more than every socket buffer on the way can hold
     sent = [0]
 
-    def serve(conn: socket.socket, _: int, __: bytes) -> bool:
-        conn.sendall(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n"
-        )
-        data = b"%x\r\n%s\r\n" % (piece, b"x" * piece)
+    def counted() -> Iterator[bytes]:
         for _ in range(pieces):
-            conn.sendall(data)
-            sent[0] += piece
-        conn.sendall(b"0\r\n\r\n")
+            yield b"x" * piece
+            sent[0] += piece  # resumed once the piece was sent
+
+    def serve(conn: socket.socket, _: int, __: bytes) -> bool:
+        _send_chunked(conn, counted())
         return True
 
     engine = _ThreadedEngine(serve)
     try:
-        with router([engine.url], tmp_path) as front:
-            port = int(front.rsplit(":", 1)[1])
-            body = b'{"model": "m", "prompt": "hi", "stream": true}'
-            with socket.create_connection(("127.0.0.1", port)) as client:
-                client.sendall(
-                    b"POST /v1/completions HTTP/1.1\r\nHost: r\r\n"
-                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-                )
-                time.sleep(3)  # not reading
-                stalled_at = sent[0]
-                answer = bytearray()
-                client.settimeout(10)
-                while not answer.endswith(b"\r\n0\r\n\r\n"):
-                    answer += client.recv(1 << 20)
-                payload = _dechunk(answer.partition(b"\r\n\r\n")[2])
+        with (
+            router([engine.url], tmp_path) as front,
+            _stream_request(front, b"1.1") as client,
+        ):
+            time.sleep(3)  # not reading
+            stalled_at = sent[0]
+            answer = bytearray()
+            while not answer.endswith(b"\r\n0\r\n\r\n"):
+                chunk = client.recv(1 << 20)
+                assert chunk, "the router closed the stream before its end"
+                answer += chunk
+            payload = _dechunk(answer.partition(b"\r\n\r\n")[2])
     finally:
         engine.close()
     assert stalled_at < pieces * piece // 2, f"the engine sent {stalled_at} bytes unread"
@@ -472,29 +488,18 @@ def test_an_http_1_0_client_gets_the_stream_unframed_to_the_connection_end(
     events = [b'data: {"n": %d}\n\n' % i for i in range(3)] + [b"data: [DONE]\n\n"]
 
     def stream(conn: socket.socket, _: int, __: bytes) -> bool:
-        conn.sendall(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n"
-        )
-        for event in events:
-            conn.sendall(b"%x\r\n%s\r\n" % (len(event), event))
-            time.sleep(0.02)
-        conn.sendall(b"0\r\n\r\n")
+        _send_chunked(conn, events, gap=0.02)
         return True
 
     engine = _ThreadedEngine(stream)
     try:
-        with router([engine.url], tmp_path) as front:
-            port = int(front.rsplit(":", 1)[1])
-            body = b'{"model": "m", "prompt": "hi", "stream": true}'
-            with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
-                client.sendall(
-                    b"POST /v1/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s"
-                    % (len(body), body)
-                )
-                answer = b""
-                while chunk := client.recv(65536):  # until the router closes
-                    answer += chunk
+        with (
+            router([engine.url], tmp_path) as front,
+            _stream_request(front, b"1.0") as client,
+        ):
+            answer = b""
+            while chunk := client.recv(65536):  # until the router closes
+                answer += chunk
     finally:
         engine.close()
     head, _, payload = answer.partition(b"\r\n\r\n")
