@@ -2,13 +2,21 @@
 plays: the pod's ServiceAccount credentials (as a kubeconfig holding a token
 from the TokenRequest API, bound to the pod, so RBAC applies for real) and
 ConfigMap and Secret volumes (as files under a per-pod directory, with paths
-in the command line moved there).
+in the command line moved there), kept up to date while the pod runs.
 
-`prepare` does the I/O; the rest is pure."""
+Volumes are laid out as kubelet's atomic writer does: the files in a
+timestamped `..<time>` directory, `..data` a symlink to it, and each top-level
+name a symlink through `..data`; an update writes a new directory and swaps
+`..data` in one rename, so a reader sees the old set or the new one, never a
+mix, and a file's inode changes when it does.
+
+`prepare` and `refresh` do the API I/O; `write_volume` the file I/O; the rest
+is pure."""
 
 from __future__ import annotations
 
 import base64
+import datetime
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +127,57 @@ def _token(api: client.CoreV1Api, pod: Pod, service_account: str) -> str:
     return str(response.status.token)
 
 
+def _read_tree(directory: Path) -> dict[str, bytes]:
+    return {
+        str(path.relative_to(directory)): path.read_bytes()
+        for path in directory.rglob("*")
+        if path.is_file()
+    }
+
+
+def write_volume(directory: Path, files: dict[str, bytes]) -> bool:
+    """Make `directory` hold exactly `files` (relative path -> content), in
+    kubelet's atomic-writer layout. False when it already did."""
+    data = directory / "..data"
+    if data.is_dir() and _read_tree(data) == files:
+        return False
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("..%Y_%m_%d_%H_%M_%S.%f")
+    fresh = directory / stamp
+    for relative, content in files.items():
+        path = fresh / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    old = directory / data.readlink() if data.is_symlink() else None
+    swap = directory / "..data_tmp"
+    swap.unlink(missing_ok=True)
+    swap.symlink_to(stamp)
+    swap.replace(data)  # the one atomic step
+    tops = {Path(relative).parts[0] for relative in files}
+    for top in tops:
+        link = directory / top
+        if not link.is_symlink():
+            link.symlink_to(Path("..data") / top)
+    for entry in directory.iterdir():
+        if entry.is_symlink() and not entry.name.startswith("..") and entry.name not in tops:
+            entry.unlink()
+    if old is not None and old != fresh:
+        shutil.rmtree(old, ignore_errors=True)
+    return True
+
+
+def refresh(api: client.CoreV1Api, pod: Pod, mounts: tuple[Mount, ...], root: Path) -> list[str]:
+    """Bring the pod's volumes up to date with their ConfigMaps and Secrets,
+    as kubelet's periodic sync does; the mount paths that changed."""
+    namespace = pod["metadata"]["namespace"]
+    changed = []
+    for mount in mounts:
+        directory = root / mount.path.lstrip("/")
+        if write_volume(directory, _files(api, namespace, mount)):
+            changed.append(mount.path)
+    return changed
+
+
 def prepare(
     api: client.CoreV1Api,
     pod: Pod,
@@ -133,12 +192,7 @@ def prepare(
     namespace = pod["metadata"]["namespace"]
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    for mount in mounts:
-        directory = root / mount.path.lstrip("/")
-        for relative, content in _files(api, namespace, mount).items():
-            path = directory / relative
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
+    refresh(api, pod, mounts, root)
     env: dict[str, str] = {}
     dropped: tuple[str, ...] = ()
     if service_account is not None:

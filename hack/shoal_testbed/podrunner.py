@@ -37,6 +37,10 @@ from shoal_testbed.rules import Launch, Rule
 log = logging.getLogger("podrunner")
 
 _BACKOFF_MAX_SECONDS = 10.0
+# How often a running pod's ConfigMap and Secret volumes are brought up to
+# date (kubelet: its sync period plus a cache TTL, about a minute; the
+# testbed is quicker so tests of hot reloads stay short).
+_VOLUME_SYNC_SECONDS = 2.0
 
 
 @dataclass
@@ -47,6 +51,7 @@ class Running:
     restarts: int = 0
     restart_at: float = 0.0
     finished: bool = False
+    volumes_synced_at: float = 0.0
 
 
 def runnable(pod: Pod) -> bool:
@@ -134,6 +139,26 @@ class PodRunner:
                 continue
             entry.pod = pod
             self._check_exit(uid, entry)
+            self._sync_volumes(entry)
+
+    def _sync_volumes(self, entry: Running) -> None:
+        now = time.monotonic()
+        if (
+            not entry.launch.mounts
+            or entry.process is None
+            or now - entry.volumes_synced_at < _VOLUME_SYNC_SECONDS
+        ):
+            return
+        entry.volumes_synced_at = now
+        try:
+            changed = podfs.refresh(
+                self.api, entry.pod, entry.launch.mounts, self._pod_root(entry.pod)
+            )
+        except (OSError, client.ApiException) as error:
+            log.warning("%s: volumes not refreshed: %s", pod_key(entry.pod), error)
+            return
+        if changed:
+            log.info("%s: updated volumes %s", pod_key(entry.pod), ", ".join(changed))
 
     def _log_path(self, pod: Pod) -> Path:
         meta = pod["metadata"]

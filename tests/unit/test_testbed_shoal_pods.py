@@ -105,6 +105,26 @@ def test_paths_under_mounts_move_under_the_pod_root_and_others_stay() -> None:
     ]
 
 
+def test_volumes_are_written_and_swapped_as_kubelets_atomic_writer_does(tmp_path: Path) -> None:
+    volume = tmp_path / "etc" / "keys"
+    assert podfs.write_volume(volume, {"keys.txt": b"sk-1\n", "conf/a.json": b"{}"})
+    assert (volume / "keys.txt").is_symlink()
+    assert (volume / "keys.txt").read_bytes() == b"sk-1\n"
+    assert (volume / "conf" / "a.json").read_bytes() == b"{}"
+    first = (volume / "..data").readlink()
+    inode = (volume / "keys.txt").stat().st_ino
+
+    assert not podfs.write_volume(volume, {"keys.txt": b"sk-1\n", "conf/a.json": b"{}"})
+    assert (volume / "..data").readlink() == first  # unchanged: nothing rewritten
+
+    assert podfs.write_volume(volume, {"keys.txt": b"sk-2\n"})
+    assert (volume / "keys.txt").read_bytes() == b"sk-2\n"
+    assert (volume / "keys.txt").stat().st_ino != inode  # what a reader's stat sees
+    assert not (volume / "conf").exists()  # a key gone from the Secret goes
+    assert not (volume / first).exists()  # the old generation is removed
+    assert sorted(p.name for p in volume.iterdir() if not p.name.startswith("..")) == ["keys.txt"]
+
+
 def test_service_account_kubeconfig_uses_the_token_and_the_pods_namespace() -> None:
     config = podfs.service_account_kubeconfig(
         server="https://127.0.0.1:6443", ca_file="/pki/ca.crt", token="t0k", namespace="ns"
