@@ -319,6 +319,14 @@ def _send_chunked(conn: socket.socket, pieces: Iterable[bytes], *, gap: float = 
     conn.sendall(b"0\r\n\r\n")
 
 
+def _streaming_engine(pieces: Iterable[bytes], *, gap: float = 0.0) -> _ThreadedEngine:
+    def serve(conn: socket.socket, _: int, __: bytes) -> bool:
+        _send_chunked(conn, pieces, gap=gap)
+        return True
+
+    return _ThreadedEngine(serve)
+
+
 def _stream_request(front: str, version: bytes) -> socket.socket:
     """A streamed completion asked of the router over a raw socket."""
     body = b'{"model": "m", "prompt": "hi", "stream": true}'
@@ -372,11 +380,7 @@ def test_a_client_that_stops_reading_stops_the_engine_not_the_router_memory(
             yield b"x" * piece
             sent[0] += piece  # resumed once the piece was sent
 
-    def serve(conn: socket.socket, _: int, __: bytes) -> bool:
-        _send_chunked(conn, counted())
-        return True
-
-    engine = _ThreadedEngine(serve)
+    engine = _streaming_engine(counted())
     try:
         with (
             router([engine.url], tmp_path) as front,
@@ -487,11 +491,7 @@ def test_an_http_1_0_client_gets_the_stream_unframed_to_the_connection_end(
 ) -> None:
     events = [b'data: {"n": %d}\n\n' % i for i in range(3)] + [b"data: [DONE]\n\n"]
 
-    def stream(conn: socket.socket, _: int, __: bytes) -> bool:
-        _send_chunked(conn, events, gap=0.02)
-        return True
-
-    engine = _ThreadedEngine(stream)
+    engine = _streaming_engine(events, gap=0.02)
     try:
         with (
             router([engine.url], tmp_path) as front,
