@@ -110,12 +110,6 @@ class Exchange(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
 
-    def abort(self) -> None:
-        """Drop the connection: the engine sees the client gone and stops."""
-        if self.transport is not None:
-            self.transport.abort()
-        self._fail("aborted")
-
     def expire(self) -> None:
         """Close an idle connection (its pool entry goes when it is lost)."""
         if self.expiry is not None:
@@ -124,7 +118,9 @@ class Exchange(asyncio.Protocol):
             self.transport.close()
 
     def release(self) -> None:
-        """Back to the pool when the answer was read whole and may be reused."""
+        """Back to the pool when the answer was read whole and may be reused;
+        otherwise closed, so an engine still answering sees its client gone
+        and stops."""
         transport = self.transport
         if (
             self._complete
