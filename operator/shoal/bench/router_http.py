@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import re
@@ -554,16 +555,9 @@ def main() -> None:
             "placement": {"router_core": ROUTER_CORE, "load_and_upstream_core": LOAD_CORE},
             "load_average_start": _loadavg(),
         }
+        wrk_rounds = functools.partial(_wrk_rounds, targets, pids, rounds=args.rounds, tmp=tmp)
         if not args.skip_throughput:
-            runs = _wrk_rounds(
-                targets,
-                pids,
-                rounds=args.rounds,
-                seconds=args.seconds,
-                connections=args.connections,
-                body=_PLAIN_BODY,
-                tmp=tmp,
-            )
+            runs = wrk_rounds(seconds=args.seconds, connections=args.connections, body=_PLAIN_BODY)
             for run in runs["direct"] + runs["router"]:
                 # Robust to other load on the machine: the router's CPU
                 # per request (1e6 / this = requests/s on a whole core).
@@ -631,14 +625,8 @@ def main() -> None:
                 "rounds": stream_runs,
             }
         if args.wrk_streams:
-            wrk_runs = _wrk_rounds(
-                targets,
-                pids,
-                rounds=args.rounds,
-                seconds=args.stream_seconds,
-                connections=args.streams,
-                body=_STREAM_BODY,
-                tmp=tmp,
+            wrk_runs = wrk_rounds(
+                seconds=args.stream_seconds, connections=args.streams, body=_STREAM_BODY
             )
             result["wrk_streams"] = {
                 "added_p50_ms_median": round(

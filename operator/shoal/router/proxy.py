@@ -35,7 +35,6 @@ log = logging.getLogger("shoal.router")
 RETRYABLE_STATUS = frozenset({502, 503})
 # Which replica answered: for debugging, and for tests that count placements.
 REPLICA_HEADER = "x-shoal-replica"
-_UPSTREAM_HEADERS = {"Content-Type": "application/json", "User-Agent": "shoal-router"}
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -86,9 +85,8 @@ class Proxy:
     async def start(self) -> None:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60),
-            # A proxy for many clients: a cookie one engine answer set must not
-            # ride along on every later client's request, and compression is
-            # not asked for on a client's behalf (bodies pass through as sent).
+            # Fetches for many clients: a cookie one engine answer set must
+            # not ride along on later requests, and no compression is asked for.
             cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("Accept-Encoding",),
             auto_decompress=False,
@@ -340,11 +338,11 @@ class Proxy:
             except BaseException:
                 exchange.release()
                 raise
-            headers = CIMultiDict(
-                (k.decode("latin-1"), v.decode("latin-1"))
-                for k, v in raw_headers
-                if k.decode("latin-1").lower() not in _HOP_BY_HOP
-            )
+            headers: CIMultiDict[str] = CIMultiDict()
+            for k, v in raw_headers:
+                name = k.decode("latin-1")
+                if name.lower() not in _HOP_BY_HOP:
+                    headers.add(name, v.decode("latin-1"))
             headers[REPLICA_HEADER] = replica.endpoint.name
             return exchange, status, headers
 

@@ -68,7 +68,7 @@ class Exchange(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self.head: asyncio.Future[tuple[int, list[tuple[bytes, bytes]]]] = loop.create_future()
         self.done: asyncio.Future[None] = loop.create_future()
-        self.headers: list[tuple[bytes, bytes]] = []
+        self._headers: list[tuple[bytes, bytes]] = []
         self._held: list[bytes] = []
         self._sink: Sink | None = None
         self._on_first: Callable[[], None] | None = None
@@ -167,7 +167,7 @@ class Exchange(asyncio.Protocol):
     # ---- httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._busy:
-            self.headers.append((name, value))
+            self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         if not self._busy:
@@ -176,13 +176,13 @@ class Exchange(asyncio.Protocol):
         self._answered = True
         status = self._parser.get_status_code()
         if status < 200:  # 1xx: an interim answer, the real one follows
-            self.headers = []
+            self._headers = []
             return
         self._until_eof = not any(
-            name.lower() in (b"content-length", b"transfer-encoding") for name, _ in self.headers
+            name.lower() in (b"content-length", b"transfer-encoding") for name, _ in self._headers
         )
         if not self.head.done():
-            self.head.set_result((status, self.headers))
+            self.head.set_result((status, self._headers))
 
     def on_body(self, chunk: bytes) -> None:
         if not self._busy:
