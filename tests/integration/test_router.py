@@ -164,7 +164,7 @@ def test_hung_and_crashed_replicas_cost_no_unstarted_request(tmp_path: Path) -> 
     # Metrics stay "fresh" for a minute, so the router keeps believing the
     # crashed replica idle and tries it: the retry path, not staleness, saves
     # the request.
-    config = {"timeouts": {"firstByteSeconds": 1.0}, "maxRetries": 3, "staleAfterSeconds": 60}
+    config = {"timeouts": {"firstByteSeconds": 1}, "retries": 3, "staleAfterMilliseconds": 60000}
     with sims(3, tmp_path) as urls, router(urls, tmp_path, config=config) as front:
         wait_scraped(front, urls)
         set_fault(urls[0], hang=True)  # /health still 200, requests never answered
@@ -205,7 +205,7 @@ def test_no_retry_after_the_first_byte(tmp_path: Path) -> None:
     with sims(2, tmp_path, time_scale=1.0) as urls, router(urls, tmp_path) as front:
 
         def kill_it(index: int, _: bytes) -> None:
-            if urls.processes[index].poll() is None:
+            if urls.processes[index].alive():
                 urls.kill(index)
 
         index, _ = _stream_until_broken(front, urls, max_tokens=500, act=kill_it)
@@ -237,8 +237,8 @@ def test_a_stream_that_stalls_is_ended_at_the_total_deadline(tmp_path: Path) -> 
 
 def test_breaker_opens_and_recovers(tmp_path: Path) -> None:
     config = {
-        "breaker": {"failureThreshold": 2, "openSeconds": 1.0},
-        "maxRetries": 1,
+        "circuitBreaker": {"failureThreshold": 2, "openSeconds": 1},
+        "retries": 1,
         "policy": "round-robin",
     }
     with sims(2, tmp_path) as urls, router(urls, tmp_path, config=config) as front:
@@ -294,7 +294,7 @@ def test_client_abort_reaches_the_engine(tmp_path: Path) -> None:
 def test_clients_hanging_up_mid_stream_cost_their_replica_nothing(tmp_path: Path) -> None:
     """Users press stop: that is no failure of the replica (its breaker stays
     closed) and no error for the router to log."""
-    config = {"breaker": {"failureThreshold": 2, "openSeconds": 60}}
+    config = {"circuitBreaker": {"failureThreshold": 2, "openSeconds": 60}}
     with (
         sims(1, tmp_path, time_scale=1.0) as urls,
         router(urls, tmp_path, config=config) as front,
@@ -321,7 +321,7 @@ def test_clients_hanging_up_mid_stream_cost_their_replica_nothing(tmp_path: Path
 
 def test_saturated_fleet_queues_then_answers_429(tmp_path: Path) -> None:
     config = {
-        "queue": {"maxSize": 2, "timeoutSeconds": 5, "retryAfterSeconds": 3},
+        "queue": {"maxQueued": 2, "maxWaitSeconds": 5, "retryAfterSeconds": 3},
         "qNorm": 1,
         "maxNumSeqs": 1,
     }

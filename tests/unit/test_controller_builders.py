@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from shoal.api.router import RouterPolicy
 from shoal.controller.desired import desired_fleet, manifest_hash
 from shoal.controller.names import CONDITION_WARMED, ROLE_LEADER
 from shoal.controller.router import router_config
@@ -209,7 +210,7 @@ def test_every_object_is_owned_by_the_cluster_and_labelled_with_it() -> None:
     )
 
 
-def test_router_config_translates_spec_router_and_carries_max_num_seqs_and_key_file() -> None:
+def test_router_config_is_spec_router_with_the_engines_max_num_seqs_and_no_key() -> None:
     spec = spec_of(
         engine={"maxModelLen": 8192, "maxNumSeqs": 96},
         router={
@@ -226,16 +227,21 @@ def test_router_config_translates_spec_router_and_carries_max_num_seqs_and_key_f
         },
     )
     config = router_config(spec)
-    assert config.policy == "least-request"
-    assert (config.weights.kv, config.weights.queue) == (0.6, 0.2)
-    assert (config.q_norm, config.saturation_kv, config.block_chars) == (10, 0.9, 32)
+    assert config.policy is RouterPolicy.LEAST_REQUEST
+    assert (config.weights.kv_usage, config.weights.queue) == (0.6, 0.2)
+    thresholds = config.thresholds
+    assert (thresholds.q_norm, thresholds.saturated_kv_usage) == (10, 0.9)
+    assert thresholds.prefix_block_chars == 32
     assert config.max_num_seqs == 96
     assert config.scrape_interval_seconds == 0.5
     assert config.scrape_timeout_seconds < config.scrape_interval_seconds
     assert (config.timeouts.connect_seconds, config.timeouts.total_seconds) == (3, 90)
-    assert config.max_retries == 1
-    assert (config.breaker.failure_threshold, config.breaker.open_seconds) == (4, 20)
-    assert (config.queue.max_size, config.queue.timeout_seconds) == (100, 5)
+    assert config.retries == 1
+    assert (config.circuit_breaker.failure_threshold, config.circuit_breaker.open_seconds) == (
+        4,
+        20,
+    )
+    assert (config.queue.max_queued, config.queue.max_wait_seconds) == (100, 5)
     assert config.max_body_bytes == 1024 * 1024
     # The key file's path goes on the command line (below), not into the ConfigMap.
     assert config.api_key_file is None

@@ -7,27 +7,20 @@ API server)."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import Field, JsonValue
 
 from shoal.api.base import ApiModel
 from shoal.api.quantity import Quantity
+from shoal.api.router import RouterSettings
 from shoal.planner.architecture import Attention, KVCacheDtype, WeightDtype
 from shoal.planner.presets import PresetName
 
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
-
-RouterPolicy = Literal[
-    "round-robin",
-    "random",
-    "least-request",
-    "power-of-two",
-    "load-aware",
-    "session",
-    "prefix",
-    "cache-aware",
-]
+# The --max-num-seqs shoal passes unless told; a router told nothing assumes it too.
+DEFAULT_MAX_NUM_SEQS = 256
 
 # Passed-through Kubernetes objects (EnvVar, Toleration, Affinity,
 # ResourceRequirements): the API server validates them where they land, in the pods.
@@ -243,7 +236,7 @@ class EngineSpec(ApiModel):
         "Default: the model's context length.",
     )
     max_num_seqs: int = Field(
-        default=256,
+        default=DEFAULT_MAX_NUM_SEQS,
         ge=1,
         le=65536,
         description="Most requests one replica runs at once (--max-num-seqs); a "
@@ -329,110 +322,6 @@ class PlacementSpec(ApiModel):
     )
 
 
-class LoadWeights(ApiModel):
-    """Weights of the load score L = kvUsage x KV usage + queue x min(waiting / qNorm, 1)
-    + running x running / maxNumSeqs."""
-
-    kv_usage: float = Field(default=0.5, ge=0, le=1, description="Weight of KV cache usage.")
-    queue: float = Field(default=0.3, ge=0, le=1, description="Weight of the waiting queue.")
-    running: float = Field(default=0.2, ge=0, le=1, description="Weight of running requests.")
-
-
-class RouterThresholds(ApiModel):
-    """Knobs of the cache-aware choice: the replica with the least prefill ahead of the
-    request's first token (queued there, plus the prompt's uncached part, plus beta x a
-    full load's worth for its load score), within bounded load."""
-
-    beta: float = Field(
-        default=1.0,
-        ge=0,
-        le=100,
-        description="How much a replica's scraped load counts against prefill saved by a "
-        "cache hit (1: a fully loaded replica costs as much as 2,048 prompt tokens).",
-    )
-    epsilon: float = Field(
-        default=0.25,
-        ge=0,
-        le=10,
-        description="Bounded load: never pick a replica that would then run more than "
-        "(1 + epsilon) times the mean of requests (running and waiting), so one hot prefix "
-        "cannot pin all traffic to one replica.",
-    )
-    q_norm: int = Field(
-        default=20,
-        ge=1,
-        le=100000,
-        description="Waiting requests that count as a full queue; a replica with this many "
-        "waiting is saturated.",
-    )
-    saturated_kv_usage: float = Field(
-        default=0.95, gt=0, le=1, description="KV cache usage at which a replica is saturated."
-    )
-    affinity_threshold: float = Field(
-        default=0.7,
-        ge=0,
-        le=1,
-        description="Policy session: a session (header x-session-id, or the body's user) "
-        "keeps its replica while that replica's load is below this; above, it falls back. "
-        "(cache-aware keeps conversations on their replica through the prefix index.)",
-    )
-    prefix_block_chars: int = Field(
-        default=64,
-        ge=1,
-        le=65536,
-        description="Characters per block when hashing prompt prefixes (about 16 tokens).",
-    )
-
-
-class RouterTimeouts(ApiModel):
-    """Deadlines of one upstream attempt; keep them shorter than the engine's."""
-
-    connect_seconds: int = Field(default=5, ge=1, le=3600, description="To connect to a replica.")
-    first_byte_seconds: int = Field(
-        default=120, ge=1, le=86400, description="From sending a request to its first byte."
-    )
-    total_seconds: int = Field(
-        default=600, ge=1, le=86400, description="For the whole response, streaming included."
-    )
-
-
-class CircuitBreaker(ApiModel):
-    """Stops sending to a replica that keeps failing, then tries it again."""
-
-    failure_threshold: int = Field(
-        default=5, ge=1, le=1000, description="Consecutive failures that open the circuit."
-    )
-    open_seconds: int = Field(
-        default=30, ge=1, le=3600, description="How long an open circuit stays open."
-    )
-
-
-class RouterQueue(ApiModel):
-    """Admission queue used when every replica is saturated."""
-
-    max_queued: int = Field(
-        default=256,
-        ge=0,
-        le=1000000,
-        description="Requests waiting in the router; beyond it the router answers 429 "
-        "with Retry-After.",
-    )
-    max_wait_seconds: int = Field(
-        default=30, ge=1, le=3600, description="Longest a request waits for a replica."
-    )
-
-
-class HotPrefixes(ApiModel):
-    """The most shared prompt prefixes, kept for warming new replicas. They are
-    prompt text: off by default, and never exposed outside the cluster."""
-
-    enabled: bool = Field(default=False, description="Keep hot prefixes.")
-    max_prefixes: int = Field(default=32, ge=1, le=1024, description="Prefixes kept (top K).")
-    max_chars: int = Field(
-        default=4096, ge=64, le=65536, description="Characters kept of each prefix."
-    )
-
-
 class ServiceSpec(ApiModel):
     """The router's Service, the cluster's endpoint."""
 
@@ -442,41 +331,11 @@ class ServiceSpec(ApiModel):
     port: int = Field(default=8000, ge=1, le=65535, description="Service port.")
 
 
-class RouterSpec(ApiModel):
+class RouterSpec(RouterSettings):
     """The OpenAI-compatible router in front of the replicas (a Deployment and a Service
     per cluster): its policy and how it copes with slow or failing replicas."""
 
     replicas: int = Field(default=1, ge=0, le=100, description="Router pods.")
-    policy: RouterPolicy = Field(
-        default="cache-aware",
-        description="How a request picks a replica: round-robin, random, least-request, "
-        "power-of-two, load-aware (lowest load score), session (sticky by session key), "
-        "prefix (by prompt prefix), or cache-aware (least prefill ahead of the first token: "
-        "what is queued there plus the prompt's uncached part, with load, within bounded "
-        "load).",
-    )
-    weights: LoadWeights = Field(default_factory=LoadWeights)
-    thresholds: RouterThresholds = Field(default_factory=RouterThresholds)
-    scrape_interval_milliseconds: int = Field(
-        default=250,
-        ge=50,
-        le=60000,
-        description="How often the router reads every replica's /metrics in the background.",
-    )
-    timeouts: RouterTimeouts = Field(default_factory=RouterTimeouts)
-    retries: int = Field(
-        default=2,
-        ge=0,
-        le=10,
-        description="Retries on another replica, only before any byte of the response was "
-        "sent, on connection errors and 502/503.",
-    )
-    circuit_breaker: CircuitBreaker = Field(default_factory=CircuitBreaker)
-    queue: RouterQueue = Field(default_factory=RouterQueue)
-    max_request_size: Quantity = Field(
-        default="4Mi", description="Largest request body accepted; larger ones get 413."
-    )
-    hot_prefixes: HotPrefixes = Field(default_factory=HotPrefixes)
     api_key_secret: SecretKeyRef | None = Field(
         default=None,
         description="Secret key holding accepted API keys, one per line; clients send "
@@ -524,6 +383,13 @@ class ConfigMapKeyRef(ApiModel):
     )
 
 
+class OnTimeout(StrEnum):
+    """What a warm-up that did not verify in time does to its replica."""
+
+    ADMIT = "Admit"
+    HOLD = "Hold"
+
+
 class WarmupSpec(ApiModel):
     """Warm-up gating: a new or restarted replica takes traffic only once the prompts
     it will see are in its prefix cache."""
@@ -559,8 +425,8 @@ class WarmupSpec(ApiModel):
     timeout_seconds: int = Field(
         default=600, ge=1, le=86400, description="Longest warm-up before onTimeout applies."
     )
-    on_timeout: Literal["Admit", "Hold"] = Field(
-        default="Admit",
+    on_timeout: OnTimeout = Field(
+        default=OnTimeout.ADMIT,
         description="On timeout, Admit the replica anyway or Hold it out of rotation "
         "(an Event is recorded either way).",
     )

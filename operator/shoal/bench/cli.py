@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from shoal.api.router import RouterPolicy
 from shoal.bench.compare import ComparePlan, run_compare
 from shoal.bench.driver import ClosedLoop, OpenLoop, Pacing, Replay
 from shoal.bench.local import FleetSpec
@@ -22,7 +23,6 @@ from shoal.bench.plot import plot_results, plot_run
 from shoal.bench.report import knees_table, replicas_table, results_table
 from shoal.bench.trace import TraceError, load_trace
 from shoal.bench.workloads import GENERATORS, Workload, synthetic
-from shoal.router.config import Policy
 from shoal.sim.profiles import DEFAULT_PROFILE, PROFILES
 
 WORKLOADS = (*GENERATORS, "trace")
@@ -40,7 +40,7 @@ DEFAULT_SWEEP = {
 # four simulated H100s serve more than the Python load generator, router and
 # simulator can drive on a small machine at real time, and a CPU-bound run
 # measures the processes' Python, not the routing. The router's scrape timing
-# is scaled to match (see compare.router_timing).
+# is scaled to match (see bench.deployed.scrape_timing).
 DEFAULT_COMPARE_TIME_SCALE = 0.25
 DEFAULT_POLICIES = "round-robin,least-request,prefix,cache-aware"
 
@@ -155,7 +155,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="KV cache blocks per engine instead of the profile's (a smaller GPU)",
     )
     compare.add_argument(
-        "--router-config", type=Path, help="router.json for every run (its policy is replaced)"
+        "--router-config",
+        type=Path,
+        help="spec.router fields (JSON, camelCase as in a VLLMCluster) for every run; its policy is replaced",
     )
     compare.add_argument(
         "--workdir", type=Path, help="where the fleets' logs go (default: a temporary directory)"
@@ -293,7 +295,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def _policies(text: str) -> tuple[str, ...]:
     names = tuple(p.strip() for p in text.split(",") if p.strip())
-    known = {p.value for p in Policy}
+    known = {p.value for p in RouterPolicy}
     unknown = [p for p in names if p not in known]
     if unknown or not names:
         raise SystemExit(
@@ -311,10 +313,10 @@ def run_compare_command(args: argparse.Namespace) -> int:
         )
     else:
         rates = (args.rate or DEFAULT_RATE[args.workload],)
-    router_config: dict[str, Any] = {}
+    router: dict[str, Any] = {}
     if args.router_config is not None:
-        router_config = json.loads(args.router_config.read_text())
-        router_config.pop("policy", None)
+        router = json.loads(args.router_config.read_text())
+        router.pop("policy", None)
     plan = ComparePlan(
         spec=FleetSpec(
             replicas=args.replicas,
@@ -327,7 +329,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
         rates=rates,
         workload_for=lambda rate: build_workload(args, rate=rate),
         burstiness=args.burstiness,
-        router_config=router_config,
+        router=router,
         request_timeout=args.request_timeout,
     )
     console, stdout = consoles()

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shoal.api.router import RouterPolicy
+from shoal.bench.deployed import fleet_router_config
 from shoal.bench.driver import OpenLoop, Outcome
 from shoal.bench.ideal import ideal_hit_rate
 from shoal.bench.local import FleetSpec, LocalFleet
@@ -40,7 +42,8 @@ class ComparePlan:
     # The workload for a rate (its request count may depend on the rate).
     workload_for: Callable[[float], Workload]
     burstiness: float = 1.0
-    router_config: dict[str, Any] = field(default_factory=dict)
+    # More spec.router fields (camelCase, as in a VLLMCluster) than the defaults.
+    router: dict[str, Any] = field(default_factory=dict)
     request_timeout: float = 300.0
 
 
@@ -48,20 +51,6 @@ class ComparePlan:
 # each request's outcome as it ends.
 RunStarted = Callable[[str, float, int], None]
 OutcomeSeen = Callable[[Outcome], None]
-
-
-def router_timing(time_scale: float) -> dict[str, float]:
-    """The router's scrape timing in engine time: against engines running
-    `time_scale` times faster than real time, the router must scrape that much
-    more often (and slower engines, less often) to see the same dynamics as
-    in a real fleet. Its defaults: every 0.25 s, 0.2 s deadline, stale after 2 s."""
-    if time_scale == 1.0:
-        return {}
-    return {
-        "scrapeIntervalSeconds": 0.25 / time_scale,
-        "scrapeTimeoutSeconds": 0.2 / time_scale,
-        "staleAfterSeconds": 2.0 / time_scale,
-    }
 
 
 def source_digest(package: str) -> str:
@@ -91,7 +80,10 @@ def run_compare(
     workdir = workdir or Path(tempfile.mkdtemp(prefix="shoal-bench-"))
     results: list[dict[str, Any]] = []
     workloads: dict[float, dict[str, Any]] = {}
-    router_config = {**router_timing(plan.spec.time_scale), **plan.router_config}
+    configs = {
+        policy: fleet_router_config(plan.spec, policy=RouterPolicy(policy), router=plan.router)
+        for policy in plan.policies
+    }
     for rate in plan.rates:
         workload = plan.workload_for(rate)
         described = {
@@ -106,7 +98,7 @@ def run_compare(
                 plan.spec,
                 policy=policy,
                 workdir=workdir / f"{policy}-{rate:g}",
-                router_config=router_config,
+                router_config=configs[policy],
             ) as fleet:
                 result, _ = asyncio.run(
                     measure(
@@ -134,7 +126,8 @@ def run_compare(
     report: dict[str, Any] = {
         "profile": profile_report(plan.spec),
         "workload": workloads[plan.rates[0]] if single else _sweep_workload(workloads),
-        "router_config": router_config,
+        # router.json as the operator writes it (but for the policy, per result).
+        "router_config": {k: v for k, v in configs[plan.policies[0]].items() if k != "policy"},
         "sources": {"router": source_digest("shoal.router"), "sim": source_digest("shoal.sim")},
         "results": results,
     }

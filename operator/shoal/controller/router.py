@@ -1,15 +1,13 @@
-"""The router of one cluster (ARCHITECTURE section 4): `spec.router` translated
-into the router's own `router.json`, and the Deployment, Service, ConfigMap,
+"""The router of one cluster (ARCHITECTURE section 4): `spec.router` as the
+router's own `router.json`, and the Deployment, Service, ConfigMap,
 ServiceAccount, Role and RoleBinding that run it. Pure."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 from typing import Any
 
-from shoal.api.quantity import parse_quantity
 from shoal.api.spec import VLLMClusterSpec
 from shoal.controller.identity import ClusterRef, Manifest, object_meta
 from shoal.controller.names import (
@@ -22,67 +20,18 @@ from shoal.controller.names import (
     router_name,
     router_selector,
 )
-from shoal.router.config import (
-    Breaker,
-    HotPrefixes,
-    LoadWeights,
-    Policy,
-    Queue,
-    RouterConfig,
-    Timeouts,
-)
+from shoal.router.config import RouterConfig
 
 CONFIG_DIR = "/etc/shoal/router"
 CONFIG_FILE = "router.json"
 API_KEYS_DIR = "/etc/shoal/api-keys"
-# Scrapes may take most of an interval; metrics older than a few intervals
-# (and never under the router's own 2 s default) count as full load.
-_SCRAPE_TIMEOUT_SHARE = 0.8
-_STALE_INTERVALS = 8
-_MIN_STALE_SECONDS = 2.0
 
 
 def router_config(spec: VLLMClusterSpec) -> RouterConfig:
-    """spec.router (plus the engines' per-replica maxNumSeqs) as the router's config.
-    The API key Secret is not in it: the router gets the mounted file's path on
-    its command line (`--api-key-file`), as secrets go to a pod."""
-    router = spec.router
-    interval = router.scrape_interval_milliseconds / 1000
-    return RouterConfig(
-        policy=Policy(router.policy),
-        weights=LoadWeights(
-            kv=router.weights.kv_usage, queue=router.weights.queue, running=router.weights.running
-        ),
-        beta=router.thresholds.beta,
-        epsilon=router.thresholds.epsilon,
-        q_norm=router.thresholds.q_norm,
-        saturation_kv=router.thresholds.saturated_kv_usage,
-        affinity_threshold=router.thresholds.affinity_threshold,
-        block_chars=router.thresholds.prefix_block_chars,
-        max_num_seqs=spec.engine.max_num_seqs,
-        timeouts=Timeouts(
-            connect_seconds=router.timeouts.connect_seconds,
-            first_byte_seconds=router.timeouts.first_byte_seconds,
-            total_seconds=router.timeouts.total_seconds,
-        ),
-        max_retries=router.retries,
-        breaker=Breaker(
-            failure_threshold=router.circuit_breaker.failure_threshold,
-            open_seconds=router.circuit_breaker.open_seconds,
-        ),
-        queue=Queue(
-            max_size=router.queue.max_queued, timeout_seconds=router.queue.max_wait_seconds
-        ),
-        scrape_interval_seconds=interval,
-        scrape_timeout_seconds=round(interval * _SCRAPE_TIMEOUT_SHARE, 3),
-        stale_after_seconds=max(_MIN_STALE_SECONDS, interval * _STALE_INTERVALS),
-        max_body_bytes=math.floor(parse_quantity(router.max_request_size)),
-        hot_prefixes=HotPrefixes(
-            enabled=router.hot_prefixes.enabled,
-            top_k=router.hot_prefixes.max_prefixes,
-            max_chars=router.hot_prefixes.max_chars,
-        ),
-    )
+    """spec.router's routing settings as they are, plus the engines' per-replica
+    maxNumSeqs. The API key Secret is not in it: the router gets the mounted file's
+    path on its command line (`--api-key-file`), as secrets go to a pod."""
+    return RouterConfig.for_cluster(spec.router, max_num_seqs=spec.engine.max_num_seqs)
 
 
 def render_router_config(spec: VLLMClusterSpec) -> str:

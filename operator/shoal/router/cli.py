@@ -9,8 +9,9 @@ from pathlib import Path
 
 import uvloop
 
+from shoal.api.router import RouterPolicy
 from shoal.router.app import Discovery, Router, serve
-from shoal.router.config import Policy, RouterConfig
+from shoal.router.config import RouterConfig
 from shoal.router.keys import KeyFile, KeyFileError
 
 
@@ -22,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--config", type=Path, help="router.json (spec.router serialised)")
     parser.add_argument(
-        "--policy", choices=[p.value for p in Policy], help="overrides the policy in --config"
+        "--policy", choices=[p.value for p in RouterPolicy], help="overrides the policy in --config"
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--endpoints", help="static replica URLs, comma separated")
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     )
     config = RouterConfig.load(args.config)
     if args.policy:
-        config = config.model_copy(update={"policy": Policy(args.policy)})
+        config = config.model_copy(update={"policy": RouterPolicy(args.policy)})
     if args.kubernetes and not (args.namespace and args.selector):
         raise SystemExit("--kubernetes needs --namespace and --selector")
     discovery = Discovery(

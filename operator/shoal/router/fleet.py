@@ -17,12 +17,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from shoal.engine.metrics import EngineMetrics
 from shoal.router.breaker import CircuitBreaker
 from shoal.router.config import RouterConfig
 from shoal.router.index import PrefixIndex
 from shoal.router.policy import Candidate, Choice, Chooser, RequestFacts
 from shoal.router.prefix import PrefixKey
-from shoal.router.signals import EngineSignals, Load, load_from_inflight, load_from_signals
+from shoal.router.signals import Load, load_from_inflight, load_from_signals
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Replica:
     endpoint: Endpoint
     breaker: CircuitBreaker
     id: str = ""
-    signals: EngineSignals | None = None
+    signals: EngineMetrics | None = None
     scraped_at: float | None = None
     inflight: int = 0
     pending: float = 0.0  # estimated prompt tokens sent and not yet prefilled
@@ -54,7 +55,7 @@ class Fleet:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self.replicas: dict[str, Replica] = {}
-        self.index = PrefixIndex(blocks_per_replica=config.index_blocks_per_replica)
+        self.index = PrefixIndex(blocks_per_replica=config.thresholds.index_blocks_per_replica)
         self.version = 0  # bumped on any change that can free capacity
         self._views: dict[str, Candidate] = {}  # routable replicas whose breaker admits
         self._all_stale = True
@@ -69,8 +70,8 @@ class Fleet:
             replica = self.replicas.get(endpoint.id)
             if replica is None:
                 breaker = CircuitBreaker(
-                    failure_threshold=self.config.breaker.failure_threshold,
-                    open_seconds=self.config.breaker.open_seconds,
+                    failure_threshold=self.config.circuit_breaker.failure_threshold,
+                    open_seconds=self.config.circuit_breaker.open_seconds,
                 )
                 self.replicas[endpoint.id] = Replica(endpoint=endpoint, breaker=breaker)
                 self.index.add_replica(endpoint.id)
@@ -81,7 +82,7 @@ class Fleet:
             self.index.remove_replica(gone)
         self.sweep(time.monotonic())
 
-    def record_scrape(self, replica_id: str, signals: EngineSignals | None, now: float) -> None:
+    def record_scrape(self, replica_id: str, signals: EngineMetrics | None, now: float) -> None:
         replica = self.replicas.get(replica_id)
         if replica is None:
             return

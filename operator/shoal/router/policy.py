@@ -17,7 +17,8 @@ from typing import NamedTuple
 
 import xxhash
 
-from shoal.router.config import Policy, RouterConfig
+from shoal.api.router import RouterPolicy
+from shoal.router.config import RouterConfig
 
 
 class Candidate(NamedTuple):
@@ -86,36 +87,36 @@ class Chooser:
         self.rng = rng or random.Random()
         self._next = 0
         # The others choose without looking at what replicas hold.
-        self.weighs_hits = config.policy in (Policy.PREFIX, Policy.CACHE_AWARE)
+        self.weighs_hits = config.policy in (RouterPolicy.PREFIX, RouterPolicy.CACHE_AWARE)
 
     def choose(self, candidates: Sequence[Candidate], facts: RequestFacts) -> Choice | None:
         eligible = list(itertools.filterfalse(_SATURATED, candidates))
         if not eligible:
             return None
         policy = self.config.policy
-        if policy is Policy.ROUND_ROBIN:
+        if policy is RouterPolicy.ROUND_ROBIN:
             # Candidates come in the fleet's stable order: no need to sort.
             pick = eligible[self._next % len(eligible)]
             self._next += 1
             return Choice(pick.replica, pick.hit, "round-robin")
-        if policy is Policy.RANDOM:
+        if policy is RouterPolicy.RANDOM:
             pick = self.rng.choice(eligible)
             return Choice(pick.replica, pick.hit, "random")
-        if policy is Policy.LEAST_REQUEST:
+        if policy is RouterPolicy.LEAST_REQUEST:
             fewest = min(c.inflight for c in eligible)
             pick = self.rng.choice([c for c in eligible if c.inflight == fewest])
             return Choice(pick.replica, pick.hit, "least-request")
-        if policy is Policy.POWER_OF_TWO:
+        if policy is RouterPolicy.POWER_OF_TWO:
             pair = self.rng.sample(eligible, min(2, len(eligible)))
             pick = min(pair, key=lambda c: c.load)
             return Choice(pick.replica, pick.hit, "power-of-two")
-        if policy is Policy.LOAD_AWARE:
+        if policy is RouterPolicy.LOAD_AWARE:
             return self._least_loaded(eligible, facts.affinity_key, "load-aware")
-        if policy is Policy.SESSION:
+        if policy is RouterPolicy.SESSION:
             return self._session(candidates, eligible, facts) or self._least_loaded(
                 eligible, facts.affinity_key, "session-fallback"
             )
-        if policy is Policy.PREFIX:
+        if policy is RouterPolicy.PREFIX:
             return self._best(eligible, facts.affinity_key, beta=0.0, reason="prefix")
         return self._cache_aware(eligible, facts)
 
@@ -132,7 +133,7 @@ class Chooser:
         hit_weight: float = 1.0,
     ) -> Choice:
         """argmax(hit - beta * load); near-ties go by rendezvous hashing."""
-        tolerance = self.config.tie_tolerance
+        tolerance = self.config.thresholds.tie_tolerance
         if hit_weight == 0 or not any(map(_HIT, eligible)):
             # Cold prefix (the common case for new prompts): scores are -beta * load.
             if beta == 0:
@@ -155,7 +156,7 @@ class Chooser:
         if facts.session_key is None:
             return None
         home = _rendezvous(candidates, facts.session_key)
-        if home in eligible and home.load < self.config.affinity_threshold:
+        if home in eligible and home.load < self.config.thresholds.affinity_threshold:
             return Choice(home.replica, home.hit, "session")
         return None
 
@@ -180,8 +181,8 @@ class Chooser:
         # Below a few requests a replica is nowhere near busy: keep affinity.
         total = sum(map(_REQUESTS, eligible)) + 1
         capacity = max(
-            math.ceil((1 + config.epsilon) * total / len(eligible)),
-            config.bounded_load_min_requests,
+            math.ceil((1 + config.thresholds.epsilon) * total / len(eligible)),
+            config.thresholds.bounded_load_min_requests,
         )
         room = capacity - 1
         bounded = [c for c in eligible if c[6] <= room] or [min(eligible, key=_REQUESTS)]
@@ -189,14 +190,16 @@ class Chooser:
         # every replica). Tuple unpacking: attribute access per candidate
         # would cost a third of the decision-time budget at 64 replicas.
         covered = facts.prefix_tokens
-        load_tokens = config.beta * config.load_tokens
+        load_tokens = config.thresholds.beta * config.thresholds.load_tokens
         costs = [
             pending - hit * covered + load_tokens * load
             for _, load, _, _, hit, pending, _ in bounded
         ]
         # Near ties are judged on the scale of the scores: the prompt plus
         # what a full load is worth.
-        limit = min(costs) + config.tie_tolerance * (max(facts.prompt_tokens, 1.0) + load_tokens)
+        limit = min(costs) + config.thresholds.tie_tolerance * (
+            max(facts.prompt_tokens, 1.0) + load_tokens
+        )
         tied = [c for c, cost in zip(bounded, costs, strict=True) if cost <= limit]
         pick = _rendezvous(tied, facts.affinity_key) if len(tied) > 1 else tied[0]
         return Choice(pick.replica, pick.hit, "cache-aware")

@@ -116,10 +116,10 @@ def request_facts(
 ) -> RequestFacts:
     """What the policies know of a request: its affinity key (first prefix
     block, or the whole prompt when shorter than a block) and its size."""
-    per_token = config.chars_per_token
+    per_token = config.thresholds.chars_per_token
     return RequestFacts(
         affinity_key=key.hashes[0] if key.hashes else hash_text(prompt),
         session_key=session_key,
         prompt_tokens=len(prompt) / per_token,
-        prefix_tokens=key.blocks * config.block_chars / per_token,
+        prefix_tokens=key.blocks * config.thresholds.prefix_block_chars / per_token,
     )

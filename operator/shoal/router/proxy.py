@@ -140,7 +140,9 @@ class Proxy:
         prompt = render_prompt(body)
         decision_start = time.perf_counter()
         key = prefix_key(
-            prompt, block_chars=self.config.block_chars, max_blocks=self.config.max_prefix_blocks
+            prompt,
+            block_chars=self.config.thresholds.prefix_block_chars,
+            max_blocks=self.config.thresholds.max_prefix_blocks,
         )
         facts = request_facts(prompt, key, self.config, session_key=_session_key(request, body))
         decision_seconds = time.perf_counter() - decision_start
@@ -149,7 +151,7 @@ class Proxy:
 
         stream = bool(body.get("stream"))
         tried: set[str] = set()
-        attempts = self.config.max_retries + 1
+        attempts = self.config.retries + 1
         last_failure = "no replica available"
         for attempt in range(attempts):
             t0 = time.perf_counter()
@@ -196,14 +198,14 @@ class Proxy:
     ) -> Choice | web.Response:
         """Every replica is saturated: wait in the bounded admission queue."""
         queue = self.config.queue
-        if self.waiting >= queue.max_size:
+        if self.waiting >= queue.max_queued:
             self.metrics.rejected.labels("queue_full").inc()
             return error_response(
                 429,
                 "All replicas are saturated and the queue is full; retry later.",
                 headers={"Retry-After": str(queue.retry_after_seconds)},
             )
-        deadline = time.monotonic() + queue.timeout_seconds
+        deadline = time.monotonic() + queue.max_wait_seconds
         self.waiting += 1
         self.metrics.queue_depth.set(self.waiting)
         try:
