@@ -187,7 +187,7 @@ def test_compare_runs_each_policy_on_the_same_workload(tmp_path: Path) -> None:
     assert report["profile"]["name"] == "h100-llama3-8b"
     assert report["profile"]["fleet"]["replicas"] == 2
     assert report["profile"]["fleet"]["time_scale"] == 2.0
-    assert report["router_config"]["scrapeIntervalSeconds"] == pytest.approx(0.125)
+    assert report["router_config"]["scrapeIntervalMilliseconds"] == 125
     assert report["workload"]["requests"] == 24 and report["workload"]["tenants"] == 4
     ideal = report["workload"]["ideal_prefix_hit_rate"]
     assert 0 < ideal < 1

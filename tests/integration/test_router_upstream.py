@@ -351,7 +351,9 @@ def test_a_kept_alive_connection_the_engine_dropped_is_not_a_failure(tmp_path: P
 
     engine = _ThreadedEngine(serve)
     try:
-        with router([engine.url], tmp_path, config={"circuitBreaker": {"failureThreshold": 1}}) as front:
+        with router(
+            [engine.url], tmp_path, config={"circuitBreaker": {"failureThreshold": 1}}
+        ) as front:
             for _ in range(4):
                 response = httpx.post(
                     front + "/v1/completions", json={"model": "m", "prompt": "hi"}, timeout=10
