@@ -5,9 +5,10 @@ Deployment available."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import asyncio
 
-from shoal.api import GROUP, PLURAL, VERSION
+from shoal.api import API_VERSION, GROUP, PLURAL
+from shoal.controller.kube import ApiError, KubeApi
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -19,39 +20,38 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.set_defaults(func=run)
 
 
-def _client() -> Any:
-    from kubernetes import client, config
-
+async def _check(args: argparse.Namespace) -> int:
+    kube = KubeApi(component="check")
+    failures = 0
     try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client
+        try:
+            served = PLURAL in await kube.resource_names(API_VERSION)
+        except ApiError as error:
+            served = False
+            print(f"FAIL API {API_VERSION}: {error}")
+        if served:
+            print(f"ok   API {API_VERSION} serves {PLURAL}")
+        else:
+            failures += 1
+            print(f"FAIL {PLURAL}.{GROUP} is not served: install the CRD (charts/shoal/crds/)")
+        where = f"{args.namespace}/{args.deployment}"
+        try:
+            deployment = await kube.get("apps/v1", "Deployment", args.namespace, args.deployment)
+            if deployment is None:
+                print(f"FAIL deployment {where} not found")
+        except ApiError as error:
+            deployment = None
+            print(f"FAIL deployment {where}: {error}")
+        available = (deployment or {}).get("status", {}).get("availableReplicas") or 0
+        if available >= 1:
+            print(f"ok   operator {where}: {available} available")
+        else:
+            failures += 1
+            print(f"FAIL operator {where} has no available replica")
+    finally:
+        await kube.close()
+    return 1 if failures else 0
 
 
 def run(args: argparse.Namespace) -> int:
-    client = _client()
-    failures = 0
-    try:
-        resources = client.CustomObjectsApi().get_api_resources(GROUP, VERSION).resources
-        served = any(r.name == PLURAL for r in resources)
-    except client.ApiException as error:
-        served, resources = False, []
-        print(f"FAIL API {GROUP}/{VERSION}: {error.status} {error.reason}")
-    if served:
-        print(f"ok   API {GROUP}/{VERSION} serves {PLURAL}")
-    else:
-        failures += 1
-        print(f"FAIL {PLURAL}.{GROUP} is not served: install the CRD (charts/shoal/crds/)")
-    try:
-        deployment = client.AppsV1Api().read_namespaced_deployment(args.deployment, args.namespace)
-        available = deployment.status.available_replicas or 0
-    except client.ApiException as error:
-        available = 0
-        print(f"FAIL deployment {args.namespace}/{args.deployment}: {error.status} {error.reason}")
-    if available >= 1:
-        print(f"ok   operator {args.namespace}/{args.deployment}: {available} available")
-    else:
-        failures += 1
-        print(f"FAIL operator {args.namespace}/{args.deployment} has no available replica")
-    return 1 if failures else 0
+    return asyncio.run(_check(args))

@@ -51,11 +51,11 @@ class _Discovery:
     def __init__(self, resources: list[str] | None) -> None:
         self.resources = resources
 
-    async def request(self, method: str, path: str, **_: object) -> dict[str, object]:
-        assert (method, path) == ("GET", "/apis/kopf.dev/v1")
+    async def resource_names(self, group_version: str) -> list[str]:
+        assert group_version == "kopf.dev/v1"
         if self.resources is None:
             raise ApiError(404, "the server could not find the requested resource")
-        return {"resources": [{"name": name} for name in self.resources]}
+        return self.resources
 
 
 def test_kopf_runs_standalone_unless_its_peering_resources_are_installed() -> None:

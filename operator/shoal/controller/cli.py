@@ -67,12 +67,12 @@ async def peering_installed(kube: KubeApi, *, clusterwide: bool) -> bool:
     """Whether kopf's peering resources are served (kopf.dev/v1)."""
     wanted = "clusterkopfpeerings" if clusterwide else "kopfpeerings"
     try:
-        listing = await kube.request("GET", "/apis/kopf.dev/v1")
+        served = await kube.resource_names("kopf.dev/v1")
     except ApiError as error:
         if error.status != 404:
             log.warning("cannot tell whether kopf peering is installed: %s", error)
         return False
-    return any(resource.get("name") == wanted for resource in listing.get("resources", []))
+    return wanted in served
 
 
 async def operate(args: argparse.Namespace) -> None:

@@ -1,135 +1,164 @@
-"""A small async Kubernetes API client: server-side apply with shoal's field
-manager, list by label, patch, delete. One aiohttp session for the process.
+"""The operator's Kubernetes API client, on kr8s: server-side apply with shoal's
+field manager, get, list by label, patch, delete. kopf watches and runs the
+handlers; what the operator itself reads and writes goes through here.
 
-Credentials come from kopf's own login (in-cluster ServiceAccount, else
-kubeconfig); a 401 logs in again, as ServiceAccount tokens rotate."""
+Why kr8s: one maintained async client (dask-kubernetes' operator uses it)
+built on httpx, the HTTP library of the rest of the control plane, engine
+probes included, so the operator carries one HTTP stack; and it knows each
+built-in kind's API path and scope, so shoal keeps no table of plurals (its
+own kind is registered below from `shoal.api`). Only kr8s's transport is
+used: each call here is one request with the exact verb, content type and
+parameters shoal means (server-side apply, uid preconditions), not kr8s's
+object helpers. Credentials and token rotation: `shoal.apiserver`."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
-from collections.abc import Callable
 from typing import Any
 
-import aiohttp
-import kopf
+import httpx
+import kr8s
+import kr8s.asyncio
+from kr8s.asyncio.objects import APIObject, get_class, new_class
 
-from shoal import __version__
 from shoal.api import API_VERSION, KIND, PLURAL
+from shoal.apiserver import connect, user_agent
 from shoal.controller.identity import Manifest
 from shoal.controller.names import FIELD_MANAGER
 
-log = logging.getLogger("shoal.controller.kube")
+TIMEOUT = httpx.Timeout(60.0)
 
-# (apiVersion, kind) -> plural, for every kind the operator touches.
-PLURALS = {
-    ("v1", "Pod"): "pods",
-    ("v1", "Service"): "services",
-    ("v1", "ConfigMap"): "configmaps",
-    ("v1", "ServiceAccount"): "serviceaccounts",
-    ("apps/v1", "StatefulSet"): "statefulsets",
-    ("apps/v1", "Deployment"): "deployments",
-    ("rbac.authorization.k8s.io/v1", "Role"): "roles",
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
-    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
-    (API_VERSION, KIND): PLURAL,
-}
-
-Login = Callable[[], kopf.ConnectionInfo]
-# Names the operator's own requests in the API server's audit log.
-USER_AGENT = f"shoal-operator/{__version__}"
+# The VLLMCluster kind, beside the built-in kinds kr8s knows.
+VLLMClusterObject = new_class(KIND, API_VERSION, namespaced=True, plural=PLURAL)
 
 
 class ApiError(Exception):
+    """The API server refused a request (HTTP status >= 400)."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
 
 
-def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
-    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    path = f"{prefix}/namespaces/{namespace}/{PLURALS[(api_version, kind)]}"
-    return f"{path}/{name}" if name else path
-
-
-def login() -> kopf.ConnectionInfo:
-    """The operator's credentials, found as kopf finds its own."""
-    info = kopf.login_via_client(logger=log, settings=kopf.OperatorSettings())
-    if info is None:
-        raise kopf.LoginError("no Kubernetes credentials: neither in-cluster nor a kubeconfig")
-    return info
+def kind_of(api_version: str, kind: str) -> type[APIObject]:
+    """kr8s's class for a kind: its group/version, plural and scope."""
+    return get_class(kind, api_version)
 
 
 class KubeApi:
-    def __init__(self, login: Login = login) -> None:
-        self._login = login
-        self._info: kopf.ConnectionInfo | None = None
-        self._session: aiohttp.ClientSession | None = None
+    """One kr8s connection for the process, made on first use."""
+
+    def __init__(self, *, kubeconfig: str | None = None, component: str = "operator") -> None:
+        self._kubeconfig = kubeconfig
+        self._headers = user_agent(component)
+        self._api: kr8s.asyncio.Api | None = None
         self._lock = asyncio.Lock()
 
-    async def _connect(self, *, renew: bool = False) -> tuple[aiohttp.ClientSession, str]:
+    async def _connect(self) -> kr8s.asyncio.Api:
         async with self._lock:
-            if self._info is None or renew:
-                self._info = await asyncio.to_thread(self._login)
-                if self._session is not None:
-                    await self._session.close()
-                connector = aiohttp.TCPConnector(
-                    ssl=self._info.as_ssl_context(), limit=32, limit_per_host=32
-                )
-                self._session = aiohttp.ClientSession(
-                    connector=connector,
-                    headers={**self._info.as_http_headers(), "User-Agent": USER_AGENT},
-                    timeout=aiohttp.ClientTimeout(total=60),
-                )
-            assert self._session is not None
-            return self._session, self._info.server.rstrip("/")
+            if self._api is None:
+                self._api = await connect(kubeconfig=self._kubeconfig)
+            return self._api
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        # kr8s has no close of its own; its httpx session is all it holds.
+        session = self._api._session if self._api is not None else None
+        if session is not None:
+            await session.aclose()
 
-    async def request(
+    async def _call(
         self,
         method: str,
-        path: str,
         *,
+        version: str,
+        url: str,
+        namespace: str | None = None,
+        base: str = "",
         params: dict[str, str] | None = None,
         body: Any = None,
         content_type: str = "application/json",
     ) -> Any:
-        data = None if body is None else json.dumps(body)
-        headers = {"Content-Type": content_type} if data is not None else {}
-        for attempt in range(2):
-            session, server = await self._connect(renew=attempt > 0)
-            async with session.request(
-                method, server + path, params=params, data=data, headers=headers
+        """One request; the answer's JSON. Refusals raise ApiError; an
+        unreachable or silent API server raises ConnectionError or
+        TimeoutError (both OSError, which the handlers retry)."""
+        headers = dict(self._headers)
+        content = None
+        if body is not None:
+            content = json.dumps(body)
+            headers["Content-Type"] = content_type
+        try:
+            api = await self._connect()
+            async with api.call_api(
+                method,
+                version=version,
+                base=base,
+                namespace=namespace,
+                url=url,
+                params=params,
+                content=content,
+                headers=headers,
+                timeout=TIMEOUT,
             ) as response:
-                text = await response.text()
-                if response.status == 401 and attempt == 0:
-                    continue  # a rotated token: log in again once
-                if response.status >= 400:
-                    raise ApiError(response.status, _message(text))
-                return json.loads(text) if text else None
-        raise AssertionError("unreachable")
+                return response.json() if response.content else None
+        except kr8s.ServerError as error:
+            answer = error.response
+            if answer is None:
+                raise ApiError(0, str(error)) from error
+            raise ApiError(answer.status_code, _message(answer.text)) from error
+        except kr8s.APITimeoutError as error:
+            raise TimeoutError(f"Kubernetes API: {error}") from error
+        except httpx.TransportError as error:
+            raise ConnectionError(f"Kubernetes API: {error!r}") from error
+
+    async def _object(
+        self,
+        method: str,
+        *,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        name: str | None = None,
+        subresource: str | None = None,
+        **request: Any,
+    ) -> Any:
+        cls = kind_of(api_version, kind)
+        url = "/".join(part for part in (cls.endpoint, name, subresource) if part)
+        return await self._call(
+            method,
+            version=cls.version,
+            namespace=namespace if cls.namespaced else None,
+            url=url,
+            **request,
+        )
+
+    async def resource_names(self, group_version: str) -> list[str]:
+        """The resources a group/version serves (its discovery document);
+        ApiError 404 when the API server does not serve it."""
+        base = "/api" if group_version == "v1" else "/apis"
+        listing = await self._call("GET", version="", base=base, url=group_version)
+        return [str(resource.get("name")) for resource in listing.get("resources", [])]
 
     async def apply(self, manifest: Manifest) -> Manifest:
         """Server-side apply under shoal's field manager. force: shoal owns the
         fields it sets, even if someone else wrote them."""
         meta = manifest["metadata"]
-        path = object_path(
-            manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]
-        )
-        params = {"fieldManager": FIELD_MANAGER, "force": "true"}
-        applied: Manifest = await self.request(
-            "PATCH", path, params=params, body=manifest, content_type="application/apply-patch+yaml"
+        applied: Manifest = await self._object(
+            "PATCH",
+            api_version=manifest["apiVersion"],
+            kind=manifest["kind"],
+            namespace=meta["namespace"],
+            name=meta["name"],
+            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            body=manifest,  # JSON is YAML
+            content_type="application/apply-patch+yaml",
         )
         return applied
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Manifest | None:
         try:
-            found: Manifest = await self.request(
-                "GET", object_path(api_version, kind, namespace, name)
+            found: Manifest = await self._object(
+                "GET", api_version=api_version, kind=kind, namespace=namespace, name=name
             )
         except ApiError as error:
             if error.status == 404:
@@ -138,15 +167,19 @@ class KubeApi:
         return found
 
     async def list_nodes(self) -> list[Manifest]:
-        listing = await self.request("GET", "/api/v1/nodes")
+        listing = await self._object("GET", api_version="v1", kind="Node")
         items: list[Manifest] = listing.get("items", [])
         return items
 
     async def list(
         self, api_version: str, kind: str, namespace: str, selector: str
     ) -> list[Manifest]:
-        listing = await self.request(
-            "GET", object_path(api_version, kind, namespace), params={"labelSelector": selector}
+        listing = await self._object(
+            "GET",
+            api_version=api_version,
+            kind=kind,
+            namespace=namespace,
+            params={"labelSelector": selector},
         )
         items: list[Manifest] = listing.get("items", [])
         return items
@@ -162,12 +195,13 @@ class KubeApi:
         subresource: str | None = None,
         patch_type: str = "merge",
     ) -> Manifest:
-        path = object_path(api_version, kind, namespace, name)
-        if subresource:
-            path += f"/{subresource}"
-        patched: Manifest = await self.request(
+        patched: Manifest = await self._object(
             "PATCH",
-            path,
+            api_version=api_version,
+            kind=kind,
+            namespace=namespace,
+            name=name,
+            subresource=subresource,
             params={"fieldManager": FIELD_MANAGER},
             body=body,
             content_type=f"application/{patch_type}-patch+json",
@@ -192,7 +226,14 @@ class KubeApi:
         if uid is not None:
             body["preconditions"] = {"uid": uid}
         try:
-            await self.request("DELETE", object_path(api_version, kind, namespace, name), body=body)
+            await self._object(
+                "DELETE",
+                api_version=api_version,
+                kind=kind,
+                namespace=namespace,
+                name=name,
+                body=body,
+            )
         except ApiError as error:
             if error.status in (404, 409):  # gone, or replaced by a newer object
                 return False

@@ -62,7 +62,6 @@ class Router:
         self.scraper = Scraper(fleet=self.fleet, on_change=self._after_scrape)
         self.draining = False
         self._tasks: list[asyncio.Task[None]] = []
-        self._watcher: PodWatcher | None = None
 
     # ---- fleet changes
     def publish(self, endpoints: list[Endpoint]) -> None:
@@ -92,14 +91,13 @@ class Router:
             self.publish(static_endpoints(self.discovery.endpoints))
         else:
             assert self.discovery.namespace and self.discovery.selector is not None
-            self._watcher = PodWatcher(
+            watcher = PodWatcher(
                 namespace=self.discovery.namespace,
                 selector=self.discovery.selector,
                 engine_port=self.discovery.engine_port,
-                loop=asyncio.get_running_loop(),
                 publish=self.publish,
             )
-            self._watcher.start()
+            self._tasks.append(asyncio.get_running_loop().create_task(watcher.run()))
         self._tasks.append(asyncio.get_running_loop().create_task(self.scraper.run()))
         if self.key_file is not None:
             self._tasks.append(asyncio.get_running_loop().create_task(self._reload_keys()))
@@ -113,8 +111,6 @@ class Router:
                 self.proxy.api_keys = self.key_file.keys
 
     async def stop(self) -> None:
-        if self._watcher is not None:
-            self._watcher.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

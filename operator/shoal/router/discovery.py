@@ -1,10 +1,11 @@
 """Where the replicas are: a static list, or the VLLMCluster's leader pods.
 
 Kubernetes mode lists and watches pods by label in one namespace (the
-router's Role may only get, list and watch pods). A pod is routable only while
-it is Ready (which includes shoal's warm-up readiness gate) and not
-terminating. Any watch error or expiry leads to a fresh list, and the fleet is
-replaced by what the list says, so no pod the API no longer has is kept.
+router's Role may only get, list and watch pods), on the event loop through
+kr8s (`shoal.apiserver`). A pod is routable only while it is Ready (which
+includes shoal's warm-up readiness gate) and not terminating. Any watch
+error or expiry leads to a fresh list, and the fleet is replaced by what the
+list says, so no pod the API no longer has is kept.
 """
 
 from __future__ import annotations
@@ -12,17 +13,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
+import kr8s.asyncio
+from kr8s.asyncio.objects import Pod
+
+from shoal.apiserver import connect, user_agent
 from shoal.router.fleet import Endpoint
 
 log = logging.getLogger("shoal.router.discovery")
 
 Publish = Callable[[list[Endpoint]], None]
+HEADERS = user_agent("router")
+LIST_TIMEOUT = httpx.Timeout(30.0)
 
 
 def static_endpoints(urls: Sequence[str]) -> list[Endpoint]:
@@ -57,8 +63,8 @@ def pod_endpoint(pod: dict[str, Any], *, engine_port: int) -> Endpoint | None:
 
 
 class PodWatcher:
-    """Lists and watches pods in a thread (the kubernetes client is
-    synchronous) and publishes the full endpoint list to the event loop."""
+    """Lists and watches pods and publishes the full endpoint list on every
+    change, until cancelled."""
 
     def __init__(
         self,
@@ -66,74 +72,90 @@ class PodWatcher:
         namespace: str,
         selector: str,
         engine_port: int,
-        loop: asyncio.AbstractEventLoop,
         publish: Publish,
         watch_timeout_seconds: int = 300,
+        kubeconfig: str | None = None,
     ) -> None:
         self.namespace = namespace
         self.selector = selector
         self.engine_port = engine_port
-        self.loop = loop
         self.publish = publish
         self.watch_timeout_seconds = watch_timeout_seconds
-        self.stop_event = threading.Event()
+        self.kubeconfig = kubeconfig
         self.relists = 0
-        self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.stop_event.set()
 
     def _emit(self, pods: dict[str, dict[str, Any]]) -> None:
         endpoints = [
             e for p in pods.values() if (e := pod_endpoint(p, engine_port=self.engine_port))
         ]
-        self.loop.call_soon_threadsafe(self.publish, endpoints)
+        self.publish(endpoints)
 
-    def _run(self) -> None:
-        from kubernetes import client, config, watch
-
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        api = client.CoreV1Api()
+    async def run(self) -> None:
+        api: kr8s.asyncio.Api | None = None
         backoff = 0.5
-        while not self.stop_event.is_set():
+        while True:
             try:
-                response: Any = api.list_namespaced_pod(
-                    self.namespace, label_selector=self.selector, _preload_content=False
-                )
-                listing = json.loads(response.data)
-                pods = {p["metadata"]["uid"]: p for p in listing["items"]}
+                if api is None:
+                    api = await connect(kubeconfig=self.kubeconfig)
+                pods, version = await self._list(api)
                 self.relists += 1
                 self._emit(pods)
                 backoff = 0.5
-                stream = watch.Watch().stream(
-                    api.list_namespaced_pod,
-                    self.namespace,
-                    label_selector=self.selector,
-                    resource_version=listing["metadata"]["resourceVersion"],
-                    timeout_seconds=self.watch_timeout_seconds,
-                    allow_watch_bookmarks=True,
-                )
-                for event in stream:
-                    if self.stop_event.is_set():
-                        return
-                    kind, raw = event["type"], event["raw_object"]
-                    if kind == "ERROR":
-                        log.info("pod watch error, re-listing: %s", raw.get("message"))
-                        break
-                    if kind == "BOOKMARK":
-                        continue
-                    if kind == "DELETED":
-                        pods.pop(raw["metadata"]["uid"], None)
-                    else:
-                        pods[raw["metadata"]["uid"]] = raw
-                    self._emit(pods)
+                await self._watch(api, pods, version)
             except Exception as error:
                 log.warning("pod watch failed, re-listing in %.1fs: %s", backoff, error)
-                time.sleep(backoff)
+                await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
+
+    async def _list(self, api: kr8s.asyncio.Api) -> tuple[dict[str, dict[str, Any]], str]:
+        async with api.call_api(
+            "GET",
+            version=Pod.version,
+            namespace=self.namespace,
+            url=Pod.endpoint,
+            params={"labelSelector": self.selector},
+            headers=HEADERS,
+            timeout=LIST_TIMEOUT,
+        ) as response:
+            listing = response.json()
+        pods = {p["metadata"]["uid"]: p for p in listing["items"]}
+        return pods, listing["metadata"]["resourceVersion"]
+
+    async def _watch(
+        self, api: kr8s.asyncio.Api, pods: dict[str, dict[str, Any]], version: str
+    ) -> None:
+        """Follow changes from the list's version until the watch ends (the
+        server's timeout) or reports an error (410 Gone when it expired)."""
+        params = {
+            "labelSelector": self.selector,
+            "watch": "true",
+            "resourceVersion": version,
+            "timeoutSeconds": str(self.watch_timeout_seconds),
+            "allowWatchBookmarks": "true",
+        }
+        async with api.call_api(
+            "GET",
+            version=Pod.version,
+            namespace=self.namespace,
+            url=Pod.endpoint,
+            params=params,
+            headers=HEADERS,
+            stream=True,
+            # The server ends the watch; this only catches one gone silent.
+            timeout=httpx.Timeout(LIST_TIMEOUT.connect, read=self.watch_timeout_seconds + 30.0),
+        ) as response:
+            async for line in response.aiter_lines():
+                if not line:
+                    continue
+                event = json.loads(line)
+                kind, raw = event["type"], event["object"]
+                if kind == "ERROR":
+                    log.info("pod watch error, re-listing: %s", raw.get("message"))
+                    return
+                if kind == "BOOKMARK":
+                    continue
+                if kind == "DELETED":
+                    pods.pop(raw["metadata"]["uid"], None)
+                else:
+                    pods[raw["metadata"]["uid"]] = raw
+                self._emit(pods)
