@@ -22,7 +22,21 @@ pyver="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 key="$( { echo "$pyver $TORCH_PIN $VLLM_PIN"; $relock || cat "$lock"; } | sha256sum | cut -c1-16)"
 cache="${SHOAL_CACHE:-$HOME/.cache/shoal}/vllm-venv"
 venv="$cache/$key"
+# A start-up step of every interpreter in the venv: ask Linux for AMX tile
+# state (startup/shoal_amx_permission.py says why). Installed on every call, so a
+# venv cached before this step gets it too.
+install_startup() {
+  local site
+  site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+  # Written beside, then renamed: a vLLM started meanwhile reads whole files.
+  cp "$here/startup/shoal_amx_permission.py" "$site/.shoal_amx_permission.py.$$"
+  mv -f "$site/.shoal_amx_permission.py.$$" "$site/shoal_amx_permission.py"
+  echo "import shoal_amx_permission" >"$site/.shoal-amx-permission.pth.$$"
+  mv -f "$site/.shoal-amx-permission.pth.$$" "$site/shoal-amx-permission.pth"
+}
+
 if [[ -f "$venv/.installed" ]] && ! $relock; then
+  install_startup
   echo "$venv"
   exit 0
 fi
@@ -33,6 +47,7 @@ mkdir -p "$cache"
 exec 9>"$cache/.lock-$key"
 flock 9
 if [[ -f "$venv/.installed" ]] && ! $relock; then
+  install_startup
   echo "$venv"
   exit 0
 fi
@@ -74,6 +89,7 @@ else
   # pin (not on PyPI) from failing the resolve.
   "${pip[@]}" install --no-deps -r "$lock" >&2
 fi
+install_startup
 "$venv/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' >&2
 touch "$venv/.installed"
 log "installed in $(( $(date +%s) - started ))s"
