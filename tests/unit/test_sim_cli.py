@@ -46,7 +46,7 @@ POD_ARGS = [
 
 
 def test_an_engine_pods_flags_configure_the_engine() -> None:
-    args = build_parser().parse_args(POD_ARGS)
+    args = build_parser("sim").parse_args(POD_ARGS)
     config = engine_config(args)
     assert config.names == ("llama", "llama-alias")
     assert config.model == "/models/llama"
@@ -60,7 +60,7 @@ def test_an_engine_pods_flags_configure_the_engine() -> None:
 
 
 def test_sim_listen_adds_engines_and_alone_replaces_the_default_port() -> None:
-    parser = build_parser()
+    parser = build_parser("sim")
     both = parser.parse_args(["sim", "--port", "9000", "--sim-listen", "127.0.0.2:9001"])
     assert addresses(both) == [Address("0.0.0.0", 9000), Address("127.0.0.2", 9001)]
     only = parser.parse_args(["sim", "--sim-listen", "127.0.0.2:1", "--sim-listen", "127.0.0.3:1"])
@@ -68,7 +68,7 @@ def test_sim_listen_adds_engines_and_alone_replaces_the_default_port() -> None:
 
 
 def test_kv_cache_memory_bytes_sets_the_block_count_as_vllm_does() -> None:
-    args = build_parser().parse_args(
+    args = build_parser("sim").parse_args(
         [
             "sim",
             "--sim-profile",
@@ -84,7 +84,7 @@ def test_kv_cache_memory_bytes_sets_the_block_count_as_vllm_does() -> None:
 
 
 def test_a_cache_too_small_for_one_sequence_is_refused() -> None:
-    args = build_parser().parse_args(
+    args = build_parser("sim").parse_args(
         ["sim", "--num-gpu-blocks-override", "4", "--max-model-len", "4096"]
     )
     with pytest.raises(ValueError, match="fewer than max_model_len"):

@@ -20,7 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "router", help="run the cache-aware OpenAI router in front of vLLM replicas"
     )
     parser.add_argument("--host", default="0.0.0.0")
-    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--port", type=int, default=8000, help="default 8000, as vLLM's own")
     parser.add_argument("--config", type=Path, help="router.json (spec.router serialised)")
     parser.add_argument(
         "--policy", choices=[p.value for p in RouterPolicy], help="overrides the policy in --config"
