@@ -14,7 +14,8 @@ import httpx
 from shoal.controller.warming import hot_prefix_prompts
 from shoal.router.signals import parse_metrics
 from shoal.warmup.prompts import Prompt
-from shoal.warmup.runner import Verdict, warm
+from shoal.warmup.runner import warm
+from shoal.warmup.verify import Verdict
 from tests.integration.procs import MODEL, engine_metric, free_port, router, sims
 
 SYSTEM = "You are the assistant of the shoal fleet; answer from the manual. "

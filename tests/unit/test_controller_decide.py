@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from shoal.api.status import ConditionStatus
 from shoal.controller.decide import (
     DRAIN_GRACE_SECONDS,
     Desired,
@@ -17,8 +18,8 @@ from shoal.controller.decide import (
     probe_targets,
 )
 from shoal.controller.desired import manifest_hash
-from shoal.controller.engine_metrics import EngineMetrics
 from shoal.controller.observe import Observed, PodFacts, ReplicaFacts, SetFacts
+from shoal.controller.engine_metrics import EngineMetrics
 from tests.unit.controller_samples import fleet_of, spec_of
 
 NOW = 1000.0
@@ -76,7 +77,7 @@ def pod_for(index: int, *, role: str = "leader", rank: int = 0, **changes: objec
         terminating=False,
         ready=role == "leader",
         containers_ready=True,
-        warmed="True" if role == "leader" else None,
+        warmed=ConditionStatus.TRUE if role == "leader" else None,
         restarts=0,
         revision="rev-1",
         group=None,
@@ -195,7 +196,7 @@ def test_scale_down_drains_before_removing_the_highest_replicas() -> None:
     later = NOW + DRAIN_GRACE_SECONDS + 1
     probes = Probes(metrics={"uid-c-r1-0": busy, "uid-c-r2-0": idle})
     for index in (1, 2):
-        observed.replicas[index].pods = [pod_for(index, ready=False, warmed="False")]
+        observed.replicas[index].pods = [pod_for(index, ready=False, warmed=ConditionStatus.FALSE)]
     second = decide(
         desired=desired, observed=observed, probes=probes, memory=first.memory, now=later
     )
@@ -221,7 +222,7 @@ def test_pods_left_of_a_removed_replica_are_not_drained_again() -> None:
 def test_a_replica_scaled_back_up_while_draining_is_admitted_again() -> None:
     desired = desired_for(2)
     observed = serving(range(2), desired)
-    observed.replicas[1].pods = [pod_for(1, ready=False, warmed="False")]
+    observed.replicas[1].pods = [pod_for(1, ready=False, warmed=ConditionStatus.FALSE)]
     probes = Probes(healthy={"uid-c-r1-0": True})
     decision = decide(
         desired=desired,

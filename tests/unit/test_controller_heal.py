@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from shoal.api.status import ConditionStatus
 from shoal.controller.decide import (
     Decision,
     Desired,
     HealPolicy,
     Memory,
+    NotReadyNodes,
     Probes,
     decide,
     health_targets,
-    lose_nodes,
     node_not_ready_since,
     restart_wait,
 )
@@ -92,11 +93,11 @@ def test_a_multi_node_group_restarts_whole() -> None:
 
 
 def test_backoff_doubles_between_restarts_of_one_replica_up_to_its_maximum() -> None:
-    assert restart_wait((), POLICY, NOW) == 0
-    assert restart_wait((NOW - 4,), POLICY, NOW) == 6  # 10s after the first
-    assert restart_wait((NOW - 30, NOW - 4), POLICY, NOW) == 16  # 20s after the second
+    assert restart_wait((), POLICY, now=NOW) == 0
+    assert restart_wait((NOW - 4,), POLICY, now=NOW) == 6  # 10s after the first
+    assert restart_wait((NOW - 30, NOW - 4), POLICY, now=NOW) == 16  # 20s after the second
     long = replace(POLICY, max_restarts=10)
-    assert restart_wait(tuple(NOW - 500 + i for i in range(6)), long, NOW) == 0  # 60s cap
+    assert restart_wait(tuple(NOW - 500 + i for i in range(6)), long, now=NOW) == 0  # 60s cap
     desired = healing(2)
     waiting = Memory(restart_times={1: (NOW - 4,)})
     decision = run(desired, serving(range(2), desired), waiting, r1=HUNG)
@@ -117,7 +118,9 @@ def test_past_the_restart_budget_the_replica_stays_out_unrestarted_and_degraded(
     assert [e.reason for e in decision.events] == ["RestartBudgetExhausted"]
     # Out of rotation for good: the admission path does not take it back.
     observed = serving(range(2), desired)
-    observed.replicas[1].pods[0] = replace(observed.replicas[1].pods[0], warmed="False")
+    observed.replicas[1].pods[0] = replace(
+        observed.replicas[1].pods[0], warmed=ConditionStatus.FALSE
+    )
     again = run(desired, observed, decision.memory, NOW + 1, r1=HUNG)
     assert not again.gates and not again.delete_pods and not again.events
     assert again.degraded is not None
@@ -183,7 +186,7 @@ def test_a_replica_out_of_rotation_that_recovers_is_admitted_again() -> None:
     desired = healing(2)
     observed = serving(range(2), desired)
     observed.replicas[1].pods[0] = replace(
-        observed.replicas[1].pods[0], warmed="False", ready=False
+        observed.replicas[1].pods[0], warmed=ConditionStatus.FALSE, ready=False
     )
     memory = Memory(sick=frozenset({1}), restart_times={1: (NOW - 4,)})
     probes = Probes(healthy={"uid-c-r1-0": True}, health={"uid-c-r1-0": OK})
@@ -202,7 +205,9 @@ def test_health_checks_admitted_leaders_and_those_out_for_health_only() -> None:
     desired = healing(3)
     observed = serving(range(3), desired)
     observed.replicas[1].pods[0] = replace(observed.replicas[1].pods[0], warmed=None)
-    observed.replicas[2].pods[0] = replace(observed.replicas[2].pods[0], warmed="False")
+    observed.replicas[2].pods[0] = replace(
+        observed.replicas[2].pods[0], warmed=ConditionStatus.FALSE
+    )
     names = [p.name for p in health_targets(observed, wanted={0, 1, 2}, nodes=1, sick=frozenset())]
     assert names == ["c-r0-0"]  # r1 warming, r2 out for another reason
     names = [
@@ -224,10 +229,16 @@ def test_pods_on_a_node_not_ready_past_node_loss_seconds_are_force_deleted() -> 
     ]
     lost = node_not_ready_since(nodes)
     assert set(lost) == {"node-1-0", "node-2-0"}
-    desired = desired_for(3)
-    decision = Decision()
+    desired = replace(desired_for(3), node_loss_seconds=60)
     now = lost["node-1-0"] + 300  # node-1-0 lost 300s ago, node-2-0 only 10s ago
-    lose_nodes(decision, serving(range(3), desired), lost, now=now, loss_seconds=60)
+    decision = decide(
+        desired=desired,
+        observed=serving(range(3), desired),
+        probes=Probes(),
+        memory=Memory(),
+        now=NOW,
+        nodes=NotReadyNodes(since=lost, now=now),
+    )
     assert [p.name for p in decision.force_delete] == ["c-r1-0"]
     assert [e.reason for e in decision.events] == ["NodeLost"]
     assert decision.requeue_seconds == 50  # a look again when node-2-0 counts as lost

@@ -50,6 +50,6 @@ def test_a_new_operator_counts_the_restarts_an_earlier_one_made() -> None:
     assert seeded == {0: (880.0, 940.0, 970.0), 1: (990.0,)}
     # Replica 0 spent its budget of 3 in the window: a fresh operator still
     # must not restart it; replica 1 waits out its backoff from 10 s ago.
-    assert restart_wait(seeded[0], POLICY, 1000.0) is None
-    assert restart_wait(seeded[1], POLICY, 1000.0) == 0.0
-    assert restart_wait(seeded[1], POLICY, 995.0) == 5.0
+    assert restart_wait(seeded[0], POLICY, now=1000.0) is None
+    assert restart_wait(seeded[1], POLICY, now=1000.0) == 0.0
+    assert restart_wait(seeded[1], POLICY, now=995.0) == 5.0

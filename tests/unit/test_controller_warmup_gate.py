@@ -10,6 +10,8 @@ from dataclasses import replace
 
 import pytest
 
+from shoal.api.spec import OnTimeout
+from shoal.api.status import ConditionStatus
 from shoal.controller.decide import (
     Desired,
     Memory,
@@ -27,23 +29,24 @@ from shoal.controller.warming import (
     warmup_policy,
 )
 from shoal.warmup.prompts import Prompt
+from shoal.warmup.verify import Verdict
 from tests.unit.controller_samples import spec_of
 from tests.unit.test_controller_decide import NOW, desired_for, pod_for, set_for
 
 WARM = WarmupOutcome(
     running=False,
-    verdict="Warm",
+    verdict=Verdict.WARM,
     prompts_sent=12,
     hit_ratio=0.97,
     duration_seconds=1.5,
     message="Warm: 12 prompts sent in 1 round(s), hit ratio 0.97, 1.5s",
 )
 TIMED_OUT = WarmupOutcome(
-    running=False, verdict="Timeout", prompts_sent=3, message="Timeout: deadline of 5s passed"
+    running=False, verdict=Verdict.TIMEOUT, prompts_sent=3, message="Timeout: deadline of 5s passed"
 )
 
 
-def gated(on_timeout: str = "Admit") -> Desired:
+def gated(on_timeout: OnTimeout = OnTimeout.ADMIT) -> Desired:
     desired = desired_for(1)
     return replace(
         desired,
@@ -96,7 +99,7 @@ def test_a_restarted_pod_new_uid_warms_again_though_the_old_uid_was_warm() -> No
 
 
 def test_a_timed_out_warm_up_admits_with_a_warning_when_on_timeout_is_admit() -> None:
-    desired = gated("Admit")
+    desired = gated(OnTimeout.ADMIT)
     decision = run(desired, new_leader(desired), **{"uid-c-r0-0": TIMED_OUT})
     [gate] = decision.gates  # type: ignore[attr-defined]
     assert (gate.status, gate.reason) == (True, "WarmupTimedOut")
@@ -105,21 +108,23 @@ def test_a_timed_out_warm_up_admits_with_a_warning_when_on_timeout_is_admit() ->
 
 
 def test_a_timed_out_warm_up_holds_once_with_a_warning_when_on_timeout_is_hold() -> None:
-    desired = gated("Hold")
+    desired = gated(OnTimeout.HOLD)
     decision = run(desired, new_leader(desired), **{"uid-c-r0-0": TIMED_OUT})
     [gate] = decision.gates  # type: ignore[attr-defined]
     assert (gate.status, gate.reason) == (False, "WarmupHeld")
     [event] = decision.events  # type: ignore[attr-defined]
     assert (event.type, event.reason) == ("Warning", "WarmupHeld")
     # The next pass: the gate is False already; nothing more, no polling.
-    again = run(desired, new_leader(desired, warmed="False"), **{"uid-c-r0-0": TIMED_OUT})
+    again = run(
+        desired, new_leader(desired, warmed=ConditionStatus.FALSE), **{"uid-c-r0-0": TIMED_OUT}
+    )
     assert not again.gates and not again.events and not again.warm  # type: ignore[attr-defined]
     assert again.requeue_seconds is None  # type: ignore[attr-defined]
 
 
 def test_nothing_to_verify_admits_rather_than_holding_forever() -> None:
-    desired = gated("Hold")
-    outcome = WarmupOutcome(running=False, verdict="NothingToVerify", message="no prompt")
+    desired = gated(OnTimeout.HOLD)
+    outcome = WarmupOutcome(running=False, verdict=Verdict.NOTHING_TO_VERIFY, message="no prompt")
     decision = run(desired, new_leader(desired), **{"uid-c-r0-0": outcome})
     [gate] = decision.gates  # type: ignore[attr-defined]
     assert (gate.status, gate.reason) == (True, "WarmupUnverifiable")
@@ -204,18 +209,18 @@ def _status(observed: Observed, decision: object, warmups: dict[str, WarmupOutco
 
 
 def test_status_shows_warming_then_serving_with_its_hit_ratio_or_held() -> None:
-    desired = gated("Hold")
+    desired = gated(OnTimeout.HOLD)
     running = {"uid-c-r0-0": WarmupOutcome(running=True)}
     cold = new_leader(desired)
     [entry] = _status(cold, run(desired, cold, **running), running)["replicaStatuses"]
     assert entry["state"] == "Warming"
-    warm_pod = new_leader(desired, ready=True, warmed="True")
+    warm_pod = new_leader(desired, ready=True, warmed=ConditionStatus.TRUE)
     status = _status(warm_pod, run(desired, warm_pod, **{"uid-c-r0-0": WARM}), {"uid-c-r0-0": WARM})
     [entry] = status["replicaStatuses"]
     assert (entry["state"], entry["warmupHitRatio"]) == ("Serving", 0.97)
     assert "12 prompts" in entry["warmup"]
     assert status["warmReplicas"] == 1
-    held = new_leader(desired, warmed="False")
+    held = new_leader(desired, warmed=ConditionStatus.FALSE)
     failed = {"uid-c-r0-0": TIMED_OUT}
     status = _status(held, run(desired, held, **failed), failed)
     [entry] = status["replicaStatuses"]

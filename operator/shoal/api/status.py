@@ -5,17 +5,42 @@ causes no writes."""
 
 from __future__ import annotations
 
-from typing import Literal
+from enum import StrEnum
 
 from pydantic import Field
 
 from shoal.api.base import ApiModel
 from shoal.planner.result import CapacityPlan
 
-ConditionType = Literal["Ready", "Progressing", "Degraded", "SpecValid"]
-ReplicaState = Literal[
-    "Starting", "Warming", "Serving", "Unhealthy", "Restarting", "Draining", "Held"
-]
+
+class ConditionType(StrEnum):
+    READY = "Ready"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+    SPEC_VALID = "SpecValid"
+
+
+class ConditionStatus(StrEnum):
+    """A condition's status, as metav1.Condition (and a pod's conditions) spell it."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+    @classmethod
+    def of(cls, value: bool) -> ConditionStatus:
+        return cls.TRUE if value else cls.FALSE
+
+
+class ReplicaState(StrEnum):
+    STARTING = "Starting"
+    WARMING = "Warming"
+    SERVING = "Serving"
+    UNHEALTHY = "Unhealthy"
+    RESTARTING = "Restarting"
+    DRAINING = "Draining"
+    HELD = "Held"
+
 
 # metav1.Condition's reason: CamelCase, as apimachinery validates it.
 _REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
@@ -29,7 +54,7 @@ class Condition(ApiModel):
         description="Ready (serving through the router), Progressing (a rollout or scale is "
         "under way), Degraded (replicas failing or past their restart budget) or SpecValid.",
     )
-    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
     observed_generation: int | None = Field(
         default=None, ge=0, description="The metadata.generation this condition was set for."
     )

@@ -1,6 +1,7 @@
 """What to do next for one cluster: the desired fleet against the observed
-one. Pure: facts, probe results, a little memory and the time in; actions,
-events and the new memory out. The reconciler (`reconcile`) carries them out.
+one. Pure: facts, probe results, a little memory and the time in; the whole
+decision (actions, events and the new memory) out. The reconciler
+(`reconcile`) carries it out.
 
 - Missing replicas are created at once; replicas beyond spec.replicas are
   drained (out of routing first, deleted once in-flight requests finished or a
@@ -20,20 +21,32 @@ events and the new memory out. The reconciler (`reconcile`) carries them out.
   which the replica is left out of rotation and the cluster Degraded; never
   more than maxUnavailable replicas down for it, and never when two or more
   replicas fail at once on connection-level errors (the operator may be the
-  one cut off)."""
+  one cut off).
+- Pods on a node NotReady for longer than health.nodeLossSeconds are
+  force-deleted, so their StatefulSet recreates them elsewhere.
+
+Each step returns its part of the decision; `decide` joins them in order.
+States are compared as enum members (`ConditionStatus`, `Verdict`,
+`OnTimeout`), never as their text, so renaming a value cannot silently stop
+admitting replicas."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
+from enum import StrEnum
 
+from shoal.api.spec import OnTimeout
+from shoal.api.status import ConditionStatus
 from shoal.controller.desired import ReplicaObjects, manifest_hash
 from shoal.controller.engine_metrics import EngineMetrics
 from shoal.controller.identity import Manifest
 from shoal.controller.observe import Observed, PodFacts, ReplicaFacts, SetFacts
-from shoal.health.assess import Assessment
+from shoal.health.assess import Assessment, Reason
+from shoal.warmup.verify import Verdict
 
 # Between taking a replica out of routing and counting its in-flight requests:
 # time for the routers' pod watches to see it not Ready, so no new request
@@ -56,6 +69,8 @@ class Desired:
     warmup: WarmupPolicy | None = None
     # None: no self-healing (only kubelet's restarts).
     heal: HealPolicy | None = None
+    # None: pods on lost nodes are left to Kubernetes.
+    node_loss_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +83,7 @@ class HealPolicy:
 
 @dataclass(frozen=True)
 class WarmupPolicy:
-    on_timeout: str  # Admit or Hold
+    on_timeout: OnTimeout
     timeout_seconds: float
 
 
@@ -77,7 +92,7 @@ class WarmupOutcome:
     """A leader's warm-up as the reconciler knows it: running, or its result."""
 
     running: bool
-    verdict: str | None = None  # shoal.warmup.runner.Verdict value once done
+    verdict: Verdict | None = None  # once done
     prompts_sent: int = 0
     hit_ratio: float | None = None
     duration_seconds: float = 0.0
@@ -85,12 +100,12 @@ class WarmupOutcome:
 
     @property
     def warm(self) -> bool:
-        return not self.running and self.verdict == "Warm"
+        return not self.running and self.verdict is Verdict.WARM
 
     @property
     def unverifiable(self) -> bool:
         """Nothing to verify (no prompt, or none spans a whole KV block): admit."""
-        return not self.running and self.verdict == "NothingToVerify"
+        return not self.running and self.verdict is Verdict.NOTHING_TO_VERIFY
 
     @property
     def failed(self) -> bool:
@@ -105,6 +120,15 @@ class Probes:
     metrics: Mapping[str, EngineMetrics | None] = field(default_factory=dict)
     warmups: Mapping[str, WarmupOutcome] = field(default_factory=dict)
     health: Mapping[str, Assessment] = field(default_factory=dict)  # by leader pod uid
+
+
+@dataclass(frozen=True)
+class NotReadyNodes:
+    """Nodes whose Ready condition is not True, and since when; wall-clock
+    seconds, as node conditions are, with the wall clock read with them."""
+
+    since: Mapping[str, float] = field(default_factory=dict)
+    now: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -124,19 +148,41 @@ class Memory:
     unreachable: frozenset[int] = frozenset()
 
 
-@dataclass(frozen=True)
+class GateReason(StrEnum):
+    """Why the warm-up gate was set (besides a health Reason, which takes a
+    replica out of rotation under its own name)."""
+
+    DRAINING = "Draining"
+    HELD = "Held"
+    ENGINE_HEALTHY = "EngineHealthy"
+    WARMUP_DISABLED = "WarmupDisabled"
+    WARMED = "Warmed"
+    WARMUP_UNVERIFIABLE = "WarmupUnverifiable"
+    WARMUP_TIMED_OUT = "WarmupTimedOut"
+    WARMUP_HELD = "WarmupHeld"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Gate:
+    """The warm-up gate to set on a leader: True admits it to traffic."""
+
     pod: PodFacts
     status: bool
-    reason: str
+    reason: GateReason | Reason
     message: str
+
+
+class EventType(StrEnum):
+    NORMAL = "Normal"
+    WARNING = "Warning"
 
 
 @dataclass(frozen=True)
 class Event:
-    type: str  # Normal or Warning
+    type: EventType
     reason: str
     message: str
+    _: KW_ONLY
     replica: int | None = None
     pod: str | None = None
 
@@ -162,6 +208,30 @@ class Decision:
     def poll(self, seconds: float = POLL_SECONDS) -> None:
         if self.requeue_seconds is None or seconds < self.requeue_seconds:
             self.requeue_seconds = max(seconds, 0.05)
+
+
+def joined(parts: Iterable[Decision]) -> Decision:
+    """Parts of a decision as one, in order: lists concatenated, sets and
+    restarts merged, the soonest requeue, the last Degraded reason."""
+    whole = Decision()
+    for part in parts:
+        whole.apply += part.apply
+        whole.delete_sets += part.delete_sets
+        whole.delete_pods += part.delete_pods
+        whole.force_delete += part.force_delete
+        whole.gates += part.gates
+        whole.stamps += part.stamps
+        whole.warm += part.warm
+        whole.events += part.events
+        whole.restarts.update(part.restarts)
+        whole.replacing |= part.replacing
+        whole.unhealthy |= part.unhealthy
+        whole.unreachable |= part.unreachable
+        if part.degraded is not None:
+            whole.degraded = part.degraded
+        if part.requeue_seconds is not None:
+            whole.poll(part.requeue_seconds)
+    return whole
 
 
 def group_token(members: list[PodFacts]) -> str:
@@ -205,51 +275,79 @@ def decide(
     probes: Probes,
     memory: Memory,
     now: float,
+    nodes: NotReadyNodes | None = None,
 ) -> Decision:
     """desired is None for an invalid spec: then nothing is created, replaced or
-    removed; running replicas are only kept admitted."""
-    decision = Decision()
+    removed; running replicas are only kept admitted. now is monotonic seconds;
+    nodes, the NotReady nodes holding the cluster's pods (None: none known)."""
     existing = set(observed.replicas)
     wanted = set(desired.replicas) if desired is not None else existing
-    in_flight = set(memory.in_flight) & wanted & existing
-    # Pods left of a deleted StatefulSet go with it (garbage collection).
-    surplus = {i for i in existing - wanted if observed.replica(i).sets}
-    drain_started = {i: t for i, t in memory.drain_started.items() if i in surplus}
+    in_flight = frozenset(memory.in_flight & wanted & existing)
+    parts: list[Decision] = []
+    drain_started: dict[int, float] = {}
+    broken: set[int] = set()
+    replacing: set[int] = set()
     if desired is not None:
+        # Pods left of a deleted StatefulSet go with it (garbage collection).
+        surplus = {i for i in existing - wanted if observed.replica(i).sets}
         for index in sorted(surplus, reverse=True):
-            _drain(decision, observed.replica(index), desired, probes, drain_started, now)
-        broken = _restart_broken_groups(decision, observed, wanted & existing, desired.nodes)
-        created = _create_missing(decision, observed, desired)
-        _roll_out(decision, observed, desired, in_flight, skip=broken | created)
-    else:
-        broken = set()
-    restart_times = dict(memory.restart_times)
-    sick: set[int] = set()
+            drained, started = _drain(
+                observed.replica(index),
+                desired,
+                probes=probes,
+                started=memory.drain_started.get(index),
+                now=now,
+            )
+            parts.append(drained)
+            if started is not None:
+                drain_started[index] = started
+        restarted = _restart_broken_groups(observed, indices=wanted & existing, nodes=desired.nodes)
+        broken = set(restarted.restarts)
+        missing = {i for i in desired.replicas if observed.replica(i).leader is None}
+        rolled, in_flight = _roll_out(observed, desired, in_flight=in_flight, skip=broken | missing)
+        replacing = rolled.replacing
+        parts += [restarted, _create_missing(desired, missing), rolled]
+    restart_times = memory.restart_times
+    sick: frozenset[int] = frozenset()
     if desired is not None and desired.heal is not None:
-        sick = heal(
-            decision,
+        healing = heal(
             observed,
             desired,
-            desired.heal,
-            probes.health,
-            restart_times,
-            set(memory.sick),
-            now,
-            skip=broken | decision.replacing,
-            was_unreachable=memory.unreachable,
+            policy=desired.heal,
+            health=probes.health,
+            memory=memory,
+            now=now,
+            skip=broken | replacing,
         )
-    _admit(decision, observed, desired, probes, wanted & existing, skip=broken | sick)
-    decision.memory = Memory(
-        in_flight=frozenset(in_flight),
-        drain_started=drain_started,
-        restart_times={i: t for i, t in restart_times.items() if i in wanted},
-        sick=frozenset(sick),
-        unreachable=frozenset(decision.unreachable),
+        parts.append(healing.decision)
+        restart_times, sick = healing.restart_times, healing.keep_out
+    deleting = {p.uid for part in parts for p in part.delete_pods}
+    parts.append(
+        _admit(
+            observed,
+            desired,
+            probes=probes,
+            indices=wanted & existing,
+            skip=broken | sick,
+            deleting=deleting,
+        )
     )
-    return decision
+    if desired is not None and desired.node_loss_seconds is not None and nodes is not None:
+        parts.append(lose_nodes(observed, nodes, loss_seconds=desired.node_loss_seconds))
+    decision = joined(parts)
+    return dataclasses.replace(
+        decision,
+        memory=Memory(
+            in_flight=in_flight,
+            drain_started=drain_started,
+            restart_times={i: t for i, t in restart_times.items() if i in wanted},
+            sick=sick,
+            unreachable=frozenset(decision.unreachable),
+        ),
+    )
 
 
-def restart_wait(times: tuple[float, ...], policy: HealPolicy, now: float) -> float | None:
+def restart_wait(times: tuple[float, ...], policy: HealPolicy, *, now: float) -> float | None:
     """Seconds until the replica may be restarted again (0: now); None once
     its restart budget for the window is spent."""
     recent = [t for t in times if now - t < policy.window_seconds]
@@ -262,21 +360,27 @@ def restart_wait(times: tuple[float, ...], policy: HealPolicy, now: float) -> fl
     return max(0.0, max(recent) + delay - now)
 
 
+@dataclass(frozen=True)
+class Healing:
+    decision: Decision
+    keep_out: frozenset[int]  # out of rotation for their health: not admitted this pass
+    restart_times: Mapping[int, tuple[float, ...]]  # with the restarts decided now
+
+
 def heal(
-    decision: Decision,
     observed: Observed,
     desired: Desired,
+    *,
     policy: HealPolicy,
     health: Mapping[str, Assessment],
-    restart_times: dict[int, tuple[float, ...]],
-    sick: set[int],
+    memory: Memory,
     now: float,
-    *,
     skip: set[int],
-    was_unreachable: frozenset[int] = frozenset(),
-) -> set[int]:
-    """Restart unhealthy replicas within the rules; returns the replicas kept
-    out of rotation for their health (not to be admitted by this pass)."""
+) -> Healing:
+    """Restart unhealthy replicas within the rules, and keep out of rotation
+    those not restarted now."""
+    part = Decision()
+    restart_times = dict(memory.restart_times)
     failing: dict[int, tuple[ReplicaFacts, Assessment]] = {}
     # Replicas whose latest check failed on a connection-level error, whether
     # or not they reached failureThreshold yet: replicas that fail together
@@ -292,7 +396,7 @@ def heal(
             continue  # not checked yet, or healthy again
         if found.connection_level:
             unreachable.append(index)
-        if found.unhealthy or index in sick:
+        if found.unhealthy or index in memory.sick:
             failing[index] = (replica, found)
     if len(unreachable) >= 2 and any(i in failing for i in unreachable):
         message = (
@@ -300,12 +404,15 @@ def heal(
             "errors; the operator may be the one cut off, so none is restarted and they stay "
             "in rotation"
         )
-        decision.degraded = ("ManyReplicasUnreachable", message)
-        decision.unreachable = set(unreachable)
-        if not was_unreachable:
-            decision.events.append(Event("Warning", "ManyReplicasUnreachable", message))
-        return {i for i in failing if i not in unreachable}
-    exhausted = {i for i in failing if restart_wait(restart_times.get(i, ()), policy, now) is None}
+        part.degraded = ("ManyReplicasUnreachable", message)
+        part.unreachable = set(unreachable)
+        if not memory.unreachable:
+            part.events.append(Event(EventType.WARNING, "ManyReplicasUnreachable", message))
+        keep_out = frozenset(i for i in failing if i not in unreachable)
+        return Healing(decision=part, keep_out=keep_out, restart_times=restart_times)
+    exhausted = {
+        i for i in failing if restart_wait(restart_times.get(i, ()), policy, now=now) is None
+    }
     down = {
         i
         for i in desired.replicas
@@ -314,52 +421,59 @@ def heal(
         and not observed.replica(i).held
         and not healthy(observed.replica(i), desired.nodes)
     }
-    keep_out: set[int] = set()
+    kept_out: set[int] = set()
     for index, (replica, found) in sorted(failing.items()):
         leader = replica.leader_pod
         assert leader is not None
-        keep_out.add(index)
-        if leader.warmed != "False":
-            decision.gates.append(Gate(leader, False, found.reason.value, found.detail))
-        why = f"{found.reason.value}: {found.detail}"
-        wait = restart_wait(restart_times.get(index, ()), policy, now)
+        kept_out.add(index)
+        if leader.warmed is not ConditionStatus.FALSE:
+            part.gates.append(
+                Gate(pod=leader, status=False, reason=found.reason, message=found.detail)
+            )
+        why = f"{found.reason}: {found.detail}"
+        wait = restart_wait(restart_times.get(index, ()), policy, now=now)
         if wait is None:
-            decision.unhealthy.add(index)
-            decision.degraded = (
+            part.unhealthy.add(index)
+            part.degraded = (
                 "RestartBudgetExhausted",
                 f"replica {index} was restarted {policy.max_restarts} times within "
                 f"{policy.window_seconds:.0f}s and is still unhealthy ({why}); it is kept out "
                 "of rotation and no longer restarted",
             )
-            if index not in sick:
-                decision.events.append(
-                    Event("Warning", "RestartBudgetExhausted", decision.degraded[1], index)
+            if index not in memory.sick:
+                part.events.append(
+                    Event(
+                        EventType.WARNING,
+                        "RestartBudgetExhausted",
+                        part.degraded[1],
+                        replica=index,
+                    )
                 )
             continue
         if wait > 0:
-            decision.unhealthy.add(index)
-            decision.poll(wait)
+            part.unhealthy.add(index)
+            part.poll(wait)
             continue
         others = down - {index}
         if len(others) >= desired.max_unavailable:
-            decision.unhealthy.add(index)
-            decision.poll()
+            part.unhealthy.add(index)
+            part.poll()
             continue
         down.add(index)
-        keep_out.discard(index)
-        decision.delete_pods += replica.members
-        decision.restarts[index] = why
+        kept_out.discard(index)
+        part.delete_pods += replica.members
+        part.restarts[index] = why
         restart_times[index] = (*restart_times.get(index, ()), now)
-        decision.events.append(
+        part.events.append(
             Event(
-                "Warning",
+                EventType.WARNING,
                 "ReplicaRestarted",
                 f"restarting every pod of replica {index}: {why}",
-                index,
-                leader.name,
+                replica=index,
+                pod=leader.name,
             )
         )
-    return keep_out
+    return Healing(decision=part, keep_out=frozenset(kept_out), restart_times=restart_times)
 
 
 def node_not_ready_since(nodes: list[Manifest]) -> dict[str, float]:
@@ -367,7 +481,8 @@ def node_not_ready_since(nodes: list[Manifest]) -> dict[str, float]:
     found: dict[str, float] = {}
     for node in nodes:
         for condition in (node.get("status") or {}).get("conditions") or []:
-            if condition.get("type") != "Ready" or condition.get("status") == "True":
+            ready = condition.get("status") == ConditionStatus.TRUE
+            if condition.get("type") != "Ready" or ready:
                 continue
             since = condition.get("lastTransitionTime")
             try:
@@ -378,37 +493,31 @@ def node_not_ready_since(nodes: list[Manifest]) -> dict[str, float]:
     return found
 
 
-def lose_nodes(
-    decision: Decision,
-    observed: Observed,
-    not_ready_since: Mapping[str, float],
-    *,
-    now: float,
-    loss_seconds: float,
-) -> None:
+def lose_nodes(observed: Observed, nodes: NotReadyNodes, *, loss_seconds: float) -> Decision:
     """Force-delete pods on nodes NotReady for longer than loss_seconds (the
-    StatefulSet recreates them on a healthy node; engines keep no state). now
-    is wall-clock seconds, as node conditions are."""
+    StatefulSet recreates them on a healthy node; engines keep no state)."""
+    part = Decision()
     for index, replica in sorted(observed.replicas.items()):
         for pod in replica.pods:
-            since = not_ready_since.get(pod.node or "")
+            since = nodes.since.get(pod.node or "")
             if since is None:
                 continue
-            lost_for = now - since
+            lost_for = nodes.now - since
             if lost_for < loss_seconds:
-                decision.poll(loss_seconds - lost_for)
+                part.poll(loss_seconds - lost_for)
                 continue
-            decision.force_delete.append(pod)
-            decision.events.append(
+            part.force_delete.append(pod)
+            part.events.append(
                 Event(
-                    "Warning",
+                    EventType.WARNING,
                     "NodeLost",
                     f"force-deleting pod {pod.name} of replica {index}: node {pod.node} has "
                     f"been NotReady for {lost_for:.0f}s",
-                    index,
-                    pod.name,
+                    replica=index,
+                    pod=pod.name,
                 )
             )
+    return part
 
 
 def health_targets(
@@ -423,38 +532,48 @@ def health_targets(
             continue
         if not group_complete(replica, nodes) or leader.terminating:
             continue
-        if leader.warmed == "True" or index in sick:
+        if leader.warmed is ConditionStatus.TRUE or index in sick:
             targets.append(leader)
     return targets
 
 
 def _drain(
-    decision: Decision,
     replica: ReplicaFacts,
     desired: Desired,
+    *,
     probes: Probes,
-    started: dict[int, float],
+    started: float | None,
     now: float,
-) -> None:
+) -> tuple[Decision, float | None]:
+    """Drain a surplus replica, and when its drain started (None once removed)."""
+    part = Decision()
     index, leader = replica.index, replica.leader_pod
-    if index not in started:
-        started[index] = now
-        decision.events.append(
+    if started is None:
+        started = now
+        part.events.append(
             Event(
-                "Normal", "ReplicaDraining", f"draining replica {index} before removing it", index
+                EventType.NORMAL,
+                "ReplicaDraining",
+                f"draining replica {index} before removing it",
+                replica=index,
             )
         )
-    if leader is not None and leader.warmed != "False":
-        decision.gates.append(
-            Gate(leader, False, "Draining", "replica is being removed (scale down)")
+    if leader is not None and leader.warmed is not ConditionStatus.FALSE:
+        part.gates.append(
+            Gate(
+                pod=leader,
+                status=False,
+                reason=GateReason.DRAINING,
+                message="replica is being removed (scale down)",
+            )
         )
-    elapsed = now - started[index]
+    elapsed = now - started
     why = None
     if leader is None or not leader.running:
         why = "no engine was running"
     elif elapsed < DRAIN_GRACE_SECONDS:
-        decision.poll(DRAIN_GRACE_SECONDS - elapsed)
-        return
+        part.poll(DRAIN_GRACE_SECONDS - elapsed)
+        return part, started
     else:
         metrics = probes.metrics.get(leader.uid)
         if metrics is None:
@@ -467,23 +586,22 @@ def _drain(
                 f"{metrics.in_flight:.0f} requests in flight"
             )
         else:
-            decision.poll()
-            return
-    decision.delete_sets += [s for s in (replica.leader, replica.worker) if s is not None]
-    del started[index]
-    decision.events.append(
-        Event("Normal", "ReplicaRemoved", f"removed replica {index}: {why}", index)
+            part.poll()
+            return part, started
+    part.delete_sets += replica.sets
+    part.events.append(
+        Event(EventType.NORMAL, "ReplicaRemoved", f"removed replica {index}: {why}", replica=index)
     )
+    return part, None
 
 
-def _restart_broken_groups(
-    decision: Decision, observed: Observed, indices: set[int], nodes: int
-) -> set[int]:
+def _restart_broken_groups(observed: Observed, *, indices: set[int], nodes: int) -> Decision:
     """Restart every multi-node group that lost or restarted a member; stamp
-    complete new groups with their members, so a replaced member is noticed."""
-    broken: set[int] = set()
+    complete new groups with their members, so a replaced member is noticed.
+    The groups restarted are the part's `restarts`."""
+    part = Decision()
     if nodes == 1:
-        return broken
+        return part
     for index in sorted(indices):
         replica = observed.replica(index)
         members = replica.members
@@ -499,51 +617,52 @@ def _restart_broken_groups(
             why = f"pod {new[0]} replaced a member" if new else "a member pod is gone"
         else:
             if group_complete(replica, nodes):
-                decision.stamps += [(p, token) for p in members if p.group != token]
+                part.stamps += [(p, token) for p in members if p.group != token]
             continue
-        broken.add(index)
-        decision.delete_pods += members
-        decision.restarts[index] = why
-        decision.events.append(
+        part.delete_pods += members
+        part.restarts[index] = why
+        part.events.append(
             Event(
-                "Warning",
+                EventType.WARNING,
                 "GroupRestarted",
                 f"restarting every pod of replica {index}: {why}, and vLLM ranks cannot "
                 "rejoin a running group",
-                index,
+                replica=index,
             )
         )
-    return broken
+    return part
 
 
-def _create_missing(decision: Decision, observed: Observed, desired: Desired) -> set[int]:
-    created: set[int] = set()
-    for index, objects in sorted(desired.replicas.items()):
-        if observed.replica(index).leader is not None:
-            continue
-        created.add(index)
-        decision.apply += objects.manifests
-        decision.events.append(Event("Normal", "ReplicaCreated", f"created replica {index}", index))
-    return created
+def _create_missing(desired: Desired, missing: set[int]) -> Decision:
+    part = Decision()
+    for index in sorted(missing):
+        part.apply += desired.replicas[index].manifests
+        part.events.append(
+            Event(EventType.NORMAL, "ReplicaCreated", f"created replica {index}", replica=index)
+        )
+    return part
 
 
 def _roll_out(
-    decision: Decision,
     observed: Observed,
     desired: Desired,
-    in_flight: set[int],
     *,
+    in_flight: frozenset[int],
     skip: set[int],
-) -> None:
+) -> tuple[Decision, frozenset[int]]:
+    """Replace outdated replicas within the budget; also the replicas being
+    replaced once this part is carried out."""
+    part = Decision()
+    replacing = set(in_flight)
     existing = {i: observed.replica(i) for i in sorted(desired.replicas) if i in observed.replicas}
     for index, replica in existing.items():
         done = not needs_replacing(replica, desired.replicas[index])
         if done and healthy(replica, desired.nodes):
-            in_flight.discard(index)
+            replacing.discard(index)
     unavailable = {
         i
         for i, r in existing.items()
-        if not r.held and (i in in_flight or i in skip or not healthy(r, desired.nodes))
+        if not r.held and (i in replacing or i in skip or not healthy(r, desired.nodes))
     }
     budget = desired.max_unavailable - len(unavailable)
     for index, replica in existing.items():
@@ -554,82 +673,93 @@ def _roll_out(
             if budget <= 0:
                 continue
             budget -= 1
-        in_flight.add(index)
-        decision.replacing.add(index)
+        replacing.add(index)
+        part.replacing.add(index)
         if objects_outdated(replica, objects):
-            decision.apply += objects.manifests
+            part.apply += objects.manifests
             if objects.worker is None and replica.worker is not None:
-                decision.delete_sets.append(replica.worker)
-            decision.events.append(
+                part.delete_sets.append(replica.worker)
+            part.events.append(
                 Event(
-                    "Normal", "ReplicaReplacing", f"replacing replica {index} (spec changed)", index
+                    EventType.NORMAL,
+                    "ReplicaReplacing",
+                    f"replacing replica {index} (spec changed)",
+                    replica=index,
                 )
             )
             continue
-        sets = [s for s in (replica.leader, replica.worker) if s is not None]
-        if all(s.observed for s in sets) and replica.outdated_pods():
+        if all(s.observed for s in replica.sets) and replica.outdated_pods():
             # The whole group: a rank from the old template could not join the new one.
-            decision.delete_pods += replica.members
+            part.delete_pods += replica.members
+    return part, frozenset(replacing)
 
 
 def _admit(
-    decision: Decision,
     observed: Observed,
     desired: Desired | None,
+    *,
     probes: Probes,
     indices: set[int],
-    *,
     skip: set[int],
-) -> None:
-    deleting = {p.uid for p in decision.delete_pods}
+    deleting: set[str],
+) -> Decision:
+    """Gates of leaders not being deleted (by pod uid) or skipped."""
+    part = Decision()
     for index in sorted(indices):
         replica = observed.replica(index)
         leader = replica.leader_pod
         if leader is None or not leader.running or leader.uid in deleting or index in skip:
             continue
         if replica.held:
-            if leader.warmed != "False":
-                decision.gates.append(
-                    Gate(leader, False, "Held", "the replica's StatefulSet is annotated paused")
+            if leader.warmed is not ConditionStatus.FALSE:
+                part.gates.append(
+                    Gate(
+                        pod=leader,
+                        status=False,
+                        reason=GateReason.HELD,
+                        message="the replica's StatefulSet is annotated paused",
+                    )
                 )
             continue
-        if leader.warmed == "True":
+        if leader.warmed is ConditionStatus.TRUE:
             continue
         if desired is not None and not group_complete(replica, desired.nodes):
             continue
         if not probes.healthy.get(leader.uid):
-            decision.poll()
+            part.poll()
             continue
         policy = desired.warmup if desired is not None else None
         if policy is not None:
-            gate, event = warmup_gate(leader, index, policy, probes.warmups.get(leader.uid))
+            outcome = probes.warmups.get(leader.uid)
+            gate, event = warmup_gate(leader, index=index, policy=policy, outcome=outcome)
             if gate is None:
-                if leader.uid not in probes.warmups:
-                    decision.warm.append(leader)
-                if not (leader.uid in probes.warmups and probes.warmups[leader.uid].failed):
-                    decision.poll()
+                if outcome is None:
+                    part.warm.append(leader)
+                if outcome is None or not outcome.failed:
+                    part.poll()
                 continue
-            decision.gates.append(gate)
+            part.gates.append(gate)
             if event is not None:
-                decision.events.append(event)
+                part.events.append(event)
             continue
         gated = desired is not None and desired.warmup_enabled
-        reason = "EngineHealthy" if gated else "WarmupDisabled"
+        reason = GateReason.ENGINE_HEALTHY if gated else GateReason.WARMUP_DISABLED
         message = "the engine answers /health" + ("; no warm-up prompts are set" if gated else "")
-        decision.gates.append(Gate(leader, True, reason, message))
-        decision.events.append(
+        part.gates.append(Gate(pod=leader, status=True, reason=reason, message=message))
+        part.events.append(
             Event(
-                "Normal",
+                EventType.NORMAL,
                 "ReplicaAdmitted",
                 f"replica {index} takes traffic: {message}",
-                index,
-                leader.name,
+                replica=index,
+                pod=leader.name,
             )
         )
+    return part
 
 
 def warmup_gate(
-    leader: PodFacts, index: int, policy: WarmupPolicy, outcome: WarmupOutcome | None
+    leader: PodFacts, *, index: int, policy: WarmupPolicy, outcome: WarmupOutcome | None
 ) -> tuple[Gate | None, Event | None]:
     """The gate (and Event) for a healthy leader not yet admitted: none while its
     warm-up has not started or runs; True once warm (or nothing could be
@@ -638,28 +768,39 @@ def warmup_gate(
     if outcome is None or outcome.running:
         return None, None
     if outcome.warm or outcome.unverifiable:
-        reason = "Warmed" if outcome.warm else "WarmupUnverifiable"
+        reason = GateReason.WARMED if outcome.warm else GateReason.WARMUP_UNVERIFIABLE
         message = f"warm-up: {outcome.message}"
         event = Event(
-            "Normal",
+            EventType.NORMAL,
             "ReplicaAdmitted",
             f"replica {index} takes traffic: {message}",
-            index,
-            leader.name,
+            replica=index,
+            pod=leader.name,
         )
-        return Gate(leader, True, reason, message), event
+        return Gate(pod=leader, status=True, reason=reason, message=message), event
     what = f"warm-up did not verify within {policy.timeout_seconds:.0f}s: {outcome.message}"
-    if policy.on_timeout == "Admit":
-        message = f"{what}; admitted anyway (onTimeout: Admit)"
+    if policy.on_timeout is OnTimeout.ADMIT:
+        message = f"{what}; admitted anyway (onTimeout: {OnTimeout.ADMIT})"
         event = Event(
-            "Warning", "WarmupTimedOut", f"replica {index}: {message}", index, leader.name
+            EventType.WARNING,
+            "WarmupTimedOut",
+            f"replica {index}: {message}",
+            replica=index,
+            pod=leader.name,
         )
-        return Gate(leader, True, "WarmupTimedOut", message), event
-    if leader.warmed == "False":
+        gate = Gate(pod=leader, status=True, reason=GateReason.WARMUP_TIMED_OUT, message=message)
+        return gate, event
+    if leader.warmed is ConditionStatus.FALSE:
         return None, None
-    message = f"{what}; held out of rotation (onTimeout: Hold)"
-    event = Event("Warning", "WarmupHeld", f"replica {index}: {message}", index, leader.name)
-    return Gate(leader, False, "WarmupHeld", message), event
+    message = f"{what}; held out of rotation (onTimeout: {OnTimeout.HOLD})"
+    event = Event(
+        EventType.WARNING,
+        "WarmupHeld",
+        f"replica {index}: {message}",
+        replica=index,
+        pod=leader.name,
+    )
+    return Gate(pod=leader, status=False, reason=GateReason.WARMUP_HELD, message=message), event
 
 
 def probe_targets(
@@ -679,6 +820,6 @@ def probe_targets(
         if leader.uid not in kv_known:
             metrics.append(leader)
         complete = nodes is None or group_complete(replica, nodes)
-        if leader.warmed != "True" and not replica.held and complete:
+        if leader.warmed is not ConditionStatus.TRUE and not replica.held and complete:
             health.append(leader)
     return health, metrics

@@ -19,8 +19,9 @@ import aiohttp
 import kopf
 
 from shoal.api import GROUP, PLURAL, VERSION
+from shoal.api.status import ConditionStatus
 from shoal.controller.context import ClusterState, OperatorContext
-from shoal.controller.decide import Event
+from shoal.controller.decide import Event, EventType
 from shoal.controller.identity import ClusterRef
 from shoal.controller.kube import ApiError
 from shoal.controller.logs import cluster_logger
@@ -90,7 +91,7 @@ async def cluster_daemon(
                 if isinstance(error, ApiError) and str(error) != state.last_failure:
                     # Refused writes (say, an invalid passed-through field) are
                     # the user's to fix: say so once, not at every retry.
-                    ctx.post_event(body, Event("Warning", "ReconcileFailed", str(error)))
+                    ctx.post_event(body, Event(EventType.WARNING, "ReconcileFailed", str(error)))
                 state.last_failure = str(error)
                 delay, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
             finally:
@@ -117,7 +118,7 @@ async def node_changed(status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:
     """A node not Ready: every cluster looks (its pods may need to move once
     the node has been lost for spec.health.nodeLossSeconds)."""
     ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
-    if ready and ready[0].get("status") != "True":
+    if ready and ready[0].get("status") != ConditionStatus.TRUE:
         context_of(memo).wakeups.poke_all()
 
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
-
-import kopf
+from typing import Any
 
 from shoal.api import API_VERSION, KIND
 
@@ -26,14 +24,17 @@ class ClusterRef:
         return cls(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
 
     def owner_reference(self) -> dict[str, Any]:
-        """Controller reference: deleting the VLLMCluster deletes the object."""
-        owner = cast(
-            kopf.RawBody, {"apiVersion": API_VERSION, "kind": KIND, "metadata": self._meta()}
-        )
-        return dict(kopf.build_owner_reference(kopf.Body(owner)))
-
-    def _meta(self) -> dict[str, str]:
-        return {"name": self.name, "uid": self.uid}
+        """Controller reference: deleting the VLLMCluster deletes the object.
+        What kopf.build_owner_reference writes, built by hand: the
+        pure builders must not load kopf."""
+        return {
+            "controller": True,
+            "blockOwnerDeletion": True,
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+        }
 
 
 def object_meta(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoal.api.status import ConditionStatus
 from shoal.controller.identity import Manifest
 from shoal.controller.names import (
     ANNOTATION_GROUP,
@@ -33,7 +34,7 @@ class PodFacts:
     terminating: bool
     ready: bool  # the Ready condition, readiness gates included
     containers_ready: bool
-    warmed: str | None  # status of the warm-up gate condition, None while absent
+    warmed: ConditionStatus | None  # the warm-up gate condition's, None while absent
     restarts: int
     revision: str | None
     group: str | None
@@ -138,18 +139,26 @@ def _condition(pod: Manifest, kind: str) -> dict[str, Any] | None:
     return None
 
 
+def _status(condition: dict[str, Any] | None) -> ConditionStatus | None:
+    if condition is None:
+        return None
+    try:
+        return ConditionStatus(str(condition.get("status")))
+    except ValueError:
+        return ConditionStatus.UNKNOWN
+
+
 def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
     meta, status = pod["metadata"], pod.get("status", {})
     index = _index(pod)
     if index is None:
         return None
     labels = meta.get("labels") or {}
-    ready = _condition(pod, "Ready")
-    containers_ready = _condition(pod, "ContainersReady")
-    warmed = _condition(pod, CONDITION_WARMED)
+    ready = _status(_condition(pod, "Ready"))
+    containers_ready = _status(_condition(pod, "ContainersReady"))
     scheduled = _condition(pod, "PodScheduled")
     unschedulable = None
-    if scheduled and scheduled.get("status") == "False":
+    if scheduled and _status(scheduled) is ConditionStatus.FALSE:
         unschedulable = str(scheduled.get("message") or scheduled.get("reason") or "")
     gpus = 0
     if pod.get("spec", {}).get("nodeName"):
@@ -165,9 +174,9 @@ def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
         ip=status.get("podIP") or None,
         node=pod.get("spec", {}).get("nodeName") or None,
         terminating=bool(meta.get("deletionTimestamp")),
-        ready=bool(ready and ready.get("status") == "True"),
-        containers_ready=bool(containers_ready and containers_ready.get("status") == "True"),
-        warmed=str(warmed["status"]) if warmed else None,
+        ready=ready is ConditionStatus.TRUE,
+        containers_ready=containers_ready is ConditionStatus.TRUE,
+        warmed=_status(_condition(pod, CONDITION_WARMED)),
         restarts=sum(c.get("restartCount", 0) for c in status.get("containerStatuses") or []),
         revision=labels.get(REVISION_LABEL),
         group=_annotations(pod).get(ANNOTATION_GROUP),

@@ -21,17 +21,19 @@ from typing import Any
 
 from shoal.api import API_VERSION, KIND
 from shoal.api.spec import VLLMClusterSpec
+from shoal.api.status import ConditionStatus
 from shoal.api.validation import SpecError, parse_cluster, validate_spec
 from shoal.controller.context import ClusterState, OperatorContext
 from shoal.controller.decide import (
     Decision,
     Desired,
     Event,
+    EventType,
     HealPolicy,
+    NotReadyNodes,
     Probes,
     decide,
     health_targets,
-    lose_nodes,
     node_not_ready_since,
     probe_targets,
 )
@@ -126,6 +128,7 @@ async def _reconcile(
             warmup_enabled=spec.warmup.enabled,
             warmup=warmup_policy(spec),
             heal=heal_policy(spec),
+            node_loss_seconds=float(spec.health.node_loss_seconds),
         )
     if not state.restarts_seeded:
         # A new operator process: count the restarts an earlier one made.
@@ -139,22 +142,18 @@ async def _reconcile(
         decision, probes = Decision(memory=state.memory), Probes()
     else:
         probes = await _probe(ctx, ref, state, observed, spec if valid else None)
+        nodes = None
+        if desired is not None:
+            lost = await _nodes_not_ready(ctx, state, observed)
+            nodes = NotReadyNodes(since=lost, now=time.time())
         decision = decide(
             desired=desired,
             observed=observed,
             probes=probes,
             memory=state.memory,
             now=time.monotonic(),
+            nodes=nodes,
         )
-        if valid and spec is not None:
-            lost = await _nodes_not_ready(ctx, state, observed)
-            lose_nodes(
-                decision,
-                observed,
-                lost,
-                now=time.time(),
-                loss_seconds=float(spec.health.node_loss_seconds),
-            )
         await _act(ctx, body, ref, state, decision, fleet, observed)
         if valid and spec is not None:
             for pod in decision.warm:
@@ -344,8 +343,8 @@ async def _act(
     for gate in decision.gates:
         condition = {
             "type": CONDITION_WARMED,
-            "status": "True" if gate.status else "False",
-            "reason": gate.reason,
+            "status": str(ConditionStatus.of(gate.status)),
+            "reason": str(gate.reason),
             "message": gate.message,
             "lastTransitionTime": now_text(),
         }
@@ -387,7 +386,7 @@ async def _act(
             {"metadata": {"annotations": {ANNOTATION_GROUP: token}}},
         )
     for event in decision.events:
-        level = logging.WARNING if event.type == "Warning" else logging.INFO
+        level = logging.WARNING if event.type is EventType.WARNING else logging.INFO
         logger = cluster_logger(ref.namespace, ref.name, replica=event.replica, pod=event.pod)
         logger.log(level, "%s: %s", event.reason, event.message)
         ctx.post_event(body, event)
@@ -399,7 +398,7 @@ def _report_spec(
     """An Event when the spec turns invalid (or its errors change)."""
     message = "; ".join(str(error) for error in errors) or None
     if message is not None and message != state.last_error:
-        event = Event("Warning", "InvalidSpec", f"{message}; nothing was changed")
+        event = Event(EventType.WARNING, "InvalidSpec", f"{message}; nothing was changed")
         meta = body["metadata"]
         cluster_logger(meta["namespace"], meta["name"]).warning("InvalidSpec: %s", message)
         ctx.post_event(body, event)

@@ -13,6 +13,8 @@ from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import (
     CapacityStatus,
     Condition,
+    ConditionStatus,
+    ConditionType,
     MeasuredKV,
     ReplicaState,
     ReplicaStatus,
@@ -56,11 +58,17 @@ def build_status(inputs: StatusInputs) -> dict[str, Any]:
         entry.get("index"): entry for entry in inputs.previous.get("replicaStatuses") or []
     }
     replicas = [
-        _replica_status(inputs, observed.replica(i), wanted, nodes, previous_replicas.get(i, {}))
+        _replica_status(
+            inputs,
+            observed.replica(i),
+            wanted=wanted,
+            nodes=nodes,
+            previous=previous_replicas.get(i, {}),
+        )
         for i in indices
     ]
-    warm = sum(1 for r in replicas if r.index < wanted and r.state == "Serving")
-    ready = sum(1 for i in range(wanted) if _engine_up(inputs, observed.replica(i), nodes))
+    warm = sum(1 for r in replicas if r.index < wanted and r.state is ReplicaState.SERVING)
+    ready = sum(1 for i in range(wanted) if _engine_up(inputs, observed.replica(i), nodes=nodes))
     # A paused cluster's new generation is not acted on yet.
     observed_generation = inputs.generation
     if inputs.paused and inputs.previous.get("observedGeneration") is not None:
@@ -86,48 +94,50 @@ def _endpoint(inputs: StatusInputs) -> str | None:
     return f"http://{service}:{inputs.spec.router.service.port}"
 
 
-def _engine_up(inputs: StatusInputs, replica: ReplicaFacts, nodes: int) -> bool:
+def _engine_up(inputs: StatusInputs, replica: ReplicaFacts, *, nodes: int) -> bool:
     leader = replica.leader_pod
     if leader is None or not group_complete(replica, nodes):
         return False
     if leader.ready or inputs.probes.healthy.get(leader.uid):
         return True
     # Held or draining leaders are out of rotation, their engines still up.
-    return leader.warmed == "False" and leader.containers_ready
+    return leader.warmed is ConditionStatus.FALSE and leader.containers_ready
 
 
-def _state(inputs: StatusInputs, replica: ReplicaFacts, wanted: int, nodes: int) -> ReplicaState:
+def _state(inputs: StatusInputs, replica: ReplicaFacts, *, wanted: int, nodes: int) -> ReplicaState:
     index, leader = replica.index, replica.leader_pod
     if index >= wanted:
-        return "Draining"
+        return ReplicaState.DRAINING
     if replica.held:
-        return "Held"
+        return ReplicaState.HELD
     members = replica.members
     if any(p.failed or p.unschedulable for p in members):
-        return "Unhealthy"
+        return ReplicaState.UNHEALTHY
     if index in inputs.decision.unhealthy:
-        return "Unhealthy"  # out of rotation for its health, not being restarted now
+        return ReplicaState.UNHEALTHY  # out of rotation for its health, not being restarted now
     terminating = any(p.terminating for p in replica.pods)
     decision = inputs.decision
     if index in decision.restarts or index in decision.replacing or terminating:
-        return "Restarting"
+        return ReplicaState.RESTARTING
     if index in inputs.memory.in_flight and (leader is None or not leader.ready):
-        return "Restarting"
+        return ReplicaState.RESTARTING
     if leader is not None and leader.ready and group_complete(replica, nodes):
-        return "Serving"
+        return ReplicaState.SERVING
     outcome = inputs.probes.warmups.get(leader.uid) if leader is not None else None
-    if outcome is not None and outcome.failed and leader is not None and leader.warmed == "False":
-        return "Held"  # its warm-up did not verify and onTimeout is Hold
+    held = leader is not None and leader.warmed is ConditionStatus.FALSE
+    if outcome is not None and outcome.failed and held:
+        return ReplicaState.HELD  # its warm-up did not verify and onTimeout is Hold
     if outcome is not None and outcome.running:
-        return "Warming"
+        return ReplicaState.WARMING
     if leader is not None and inputs.probes.healthy.get(leader.uid):
-        return "Warming"
-    return "Starting"
+        return ReplicaState.WARMING
+    return ReplicaState.STARTING
 
 
 def _replica_status(
     inputs: StatusInputs,
     replica: ReplicaFacts,
+    *,
     wanted: int,
     nodes: int,
     previous: Mapping[str, Any],
@@ -158,7 +168,7 @@ def _replica_status(
         warmup = outcome.message[:2048]
     return ReplicaStatus(
         index=replica.index,
-        state=_state(inputs, replica, wanted, nodes),
+        state=_state(inputs, replica, wanted=wanted, nodes=nodes),
         pods=[p.name for p in members],
         nodes=sorted({p.node for p in members if p.node}),
         gpus=sum(p.gpus for p in members),
@@ -198,8 +208,9 @@ def _conditions(
 ) -> list[Condition]:
     previous = {c.get("type"): c for c in inputs.previous.get("conditions") or []}
 
-    def condition(kind: str, ok: bool, reason: str, message: str) -> Condition:
-        status = "True" if ok else "False"
+    def condition(kind: ConditionType, found: tuple[bool, str, str]) -> Condition:
+        ok, reason, message = found
+        status = ConditionStatus.of(ok)
         before = previous.get(kind) or {}
         since = before.get("lastTransitionTime") if before.get("status") == status else None
         return Condition(
@@ -212,14 +223,16 @@ def _conditions(
         )
 
     return [
-        condition("Ready", *_ready(inputs, wanted, warm)),
-        condition("Progressing", *_progressing(inputs, wanted, replicas)),
-        condition("Degraded", *_degraded(inputs)),
-        _spec_valid(inputs, condition),
+        condition(ConditionType.READY, _ready(inputs, wanted=wanted, warm=warm)),
+        condition(
+            ConditionType.PROGRESSING, _progressing(inputs, wanted=wanted, replicas=replicas)
+        ),
+        condition(ConditionType.DEGRADED, _degraded(inputs)),
+        condition(ConditionType.SPEC_VALID, _spec_valid(inputs)),
     ]
 
 
-def _ready(inputs: StatusInputs, wanted: int, warm: int) -> tuple[bool, str, str]:
+def _ready(inputs: StatusInputs, *, wanted: int, warm: int) -> tuple[bool, str, str]:
     if wanted == 0:
         return False, "NoReplicas", "spec.replicas is 0"
     if warm < wanted:
@@ -231,17 +244,18 @@ def _ready(inputs: StatusInputs, wanted: int, warm: int) -> tuple[bool, str, str
 
 
 def _progressing(
-    inputs: StatusInputs, wanted: int, replicas: list[ReplicaStatus]
+    inputs: StatusInputs, *, wanted: int, replicas: list[ReplicaStatus]
 ) -> tuple[bool, str, str]:
     if inputs.paused:
         return False, "Paused", f"reconciling is paused by the {ANNOTATION_PAUSED} annotation"
     if inputs.errors:
         return False, "InvalidSpec", "the spec is invalid (see SpecValid); the fleet is left as is"
     states = {r.index: r.state for r in replicas}
-    draining = sorted(i for i, s in states.items() if s == "Draining")
+    draining = sorted(i for i, s in states.items() if s is ReplicaState.DRAINING)
     missing = [i for i in range(wanted) if inputs.observed.replica(i).leader is None]
-    restarting = sorted(i for i, s in states.items() if s == "Restarting")
-    waiting = sorted(i for i, s in states.items() if i < wanted and s not in ("Serving", "Held"))
+    restarting = sorted(i for i, s in states.items() if s is ReplicaState.RESTARTING)
+    settled = (ReplicaState.SERVING, ReplicaState.HELD)
+    waiting = sorted(i for i, s in states.items() if i < wanted and s not in settled)
     if draining:
         return True, "ScalingDown", f"draining replicas {_list(draining)}"
     if missing:
@@ -272,13 +286,10 @@ def _degraded(inputs: StatusInputs) -> tuple[bool, str, str]:
     return False, "AsExpected", "no replica is failing"
 
 
-def _spec_valid(inputs: StatusInputs, condition: Any) -> Condition:
+def _spec_valid(inputs: StatusInputs) -> tuple[bool, str, str]:
     if inputs.errors:
-        message = "; ".join(str(error) for error in inputs.errors)
-        made: Condition = condition("SpecValid", False, "InvalidSpec", message)
-    else:
-        made = condition("SpecValid", True, "Valid", "the spec is valid")
-    return made
+        return False, "InvalidSpec", "; ".join(str(error) for error in inputs.errors)
+    return True, "Valid", "the spec is valid"
 
 
 def _list(indices: list[int]) -> str:

@@ -23,7 +23,8 @@ from shoal.controller.observe import PodFacts
 from shoal.controller.probes import engine_url
 from shoal.router.config import HotPrefixes
 from shoal.warmup.prompts import Prompt, combine, from_object
-from shoal.warmup.runner import Verdict, warm
+from shoal.warmup.runner import warm
+from shoal.warmup.verify import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class Warmups:
             if not task.done():
                 found[uid] = WarmupOutcome(running=True)
             elif task.cancelled():
-                found[uid] = WarmupOutcome(running=False, verdict=str(Verdict.UNREACHABLE))
+                found[uid] = WarmupOutcome(running=False, verdict=Verdict.UNREACHABLE)
             else:
                 found[uid] = task.result()
         return found
@@ -131,13 +132,11 @@ class Warmups:
                 prompts = await _prompts(kube, ref, spec)
             except Exception as error:
                 message = f"could not read warm-up prompts: {error}"
-                return WarmupOutcome(
-                    running=False, verdict=str(Verdict.UNREACHABLE), message=message
-                )
+                return WarmupOutcome(running=False, verdict=Verdict.UNREACHABLE, message=message)
             if not prompts:
                 return WarmupOutcome(
                     running=False,
-                    verdict=str(Verdict.NOTHING_TO_VERIFY),
+                    verdict=Verdict.NOTHING_TO_VERIFY,
                     message="no warm-up prompt was found in any source",
                 )
             result = await warm(
@@ -151,7 +150,7 @@ class Warmups:
         log.info("warm-up of %s/%s: %s", ref.namespace, pod.name, result.message)
         return WarmupOutcome(
             running=False,
-            verdict=str(result.verdict),
+            verdict=result.verdict,
             prompts_sent=result.prompts_sent,
             hit_ratio=result.hit_ratio,
             duration_seconds=result.duration_seconds,

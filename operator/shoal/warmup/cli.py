@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from shoal.warmup.prompts import load_file
-from shoal.warmup.runner import Verdict, warm
+from shoal.warmup.runner import warm
+from shoal.warmup.verify import Verdict
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -14,21 +14,12 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 import httpx
 
 from shoal.router.signals import parse_metrics
 from shoal.warmup.prompts import Prompt
-from shoal.warmup.verify import expected_hits, hit_ratio, replay_sample
-
-
-class Verdict(StrEnum):
-    WARM = "Warm"
-    NOT_WARM = "NotWarm"  # verified below the ratio until the deadline
-    TIMEOUT = "Timeout"  # the deadline passed before a verification finished
-    UNREACHABLE = "Unreachable"
-    NOTHING_TO_VERIFY = "NothingToVerify"  # no prompt spans a whole block
+from shoal.warmup.verify import Verdict, expected_hits, hit_ratio, replay_sample
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The arithmetic of verification.
+"""The arithmetic of verification, and its verdicts. Pure.
 
 vLLM counts prefix-cache hits in tokens, in whole blocks, and never hits a
 prompt's last token (it must be computed to produce the first output token).
@@ -10,6 +10,17 @@ hits 512, a 512-token prompt 384.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import StrEnum
+
+
+class Verdict(StrEnum):
+    """What a warm-up found; the operator admits or holds a replica on it."""
+
+    WARM = "Warm"
+    NOT_WARM = "NotWarm"  # verified below the ratio until the deadline
+    TIMEOUT = "Timeout"  # the deadline passed before a verification finished
+    UNREACHABLE = "Unreachable"
+    NOTHING_TO_VERIFY = "NothingToVerify"  # no prompt spans a whole block
 
 
 def expected_hits(prompt_tokens: int, block_size: int) -> int:
