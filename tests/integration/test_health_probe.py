@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from shoal.engine.client import EngineClient
 from shoal.health.assess import Assessment, HealthTracker, Outcome, Reason
 from shoal.health.probe import probe
 from tests.integration.procs import MODEL, engine_metric, set_fault, sims
@@ -20,9 +21,9 @@ from tests.integration.procs import MODEL, engine_metric, set_fault, sims
 
 def assessment(url: str, *, canary_timeout: float = 1.0) -> tuple[Outcome, Assessment]:
     async def once() -> tuple[Outcome, Assessment]:
-        async with httpx.AsyncClient() as client:
+        async with EngineClient() as engine:
             result = await probe(
-                client, url, model=MODEL, health_timeout=2, canary_timeout=canary_timeout
+                engine, url, model=MODEL, health_timeout=2, canary_timeout=canary_timeout
             )
         verdict = HealthTracker(stall_seconds=30, failure_threshold=1).observe(result)
         return result.canary, verdict

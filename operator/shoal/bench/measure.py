@@ -6,26 +6,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import aiohttp
-
 from shoal.bench.driver import Outcome, Pacing, drive
 from shoal.bench.engines import fleet_report, scrape
 from shoal.bench.stats import by_group, errors, routed, summarize
 from shoal.bench.workloads import Workload
+from shoal.engine.client import EngineClient
 
 
 async def first_model(url: str) -> str:
     """The first model the server lists (what `vllm bench serve` defaults to)."""
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(10)) as response,
-    ):
-        response.raise_for_status()
-        listing = await response.json()
-    models = listing.get("data") or []
+    async with EngineClient() as engine:
+        models = await engine.models(url, deadline=10.0)
     if not models:
         raise RuntimeError(f"{url} serves no model")
-    return str(models[0]["id"])
+    return models[0]
 
 
 def describe_pacing(pacing: Pacing) -> dict[str, object]:
@@ -47,8 +41,8 @@ async def measure(
 ) -> tuple[dict[str, Any], list[Outcome]]:
     """The run's result (summary, per-group summaries, errors, placements and
     the engines' counters) and every request's outcome."""
-    async with aiohttp.ClientSession() as session:
-        before = await scrape(session, engines)
+    async with EngineClient() as engine:
+        before = await scrape(engine, engines)
         run = await drive(
             url,
             workload.requests,
@@ -60,7 +54,7 @@ async def measure(
             max_concurrency=max_concurrency,
             on_outcome=on_outcome,
         )
-        after = await scrape(session, engines)
+        after = await scrape(engine, engines)
     result: dict[str, Any] = {**describe_pacing(pacing)}
     result.update(summarize(run.outcomes, duration=run.duration))
     groups = by_group(run.outcomes, duration=run.duration, groups=workload.groups)

@@ -16,12 +16,12 @@ import resource
 import statistics
 import time
 
+from shoal.engine.metrics import MetricsSnapshot
 from shoal.router.config import Policy, RouterConfig
 from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.heap import settle
 from shoal.router.policy import Chooser
 from shoal.router.prefix import prefix_key, request_facts
-from shoal.router.signals import EngineSignals
 
 
 def _prompt(rng: random.Random, shared: list[str], chars: int) -> str:
@@ -43,7 +43,7 @@ def decision_times(
     )
     now = time.monotonic()
     for i, replica in enumerate(fleet.replicas.values()):
-        signals = EngineSignals(
+        signals = MetricsSnapshot(
             running=rng.randint(0, 200), waiting=rng.randint(0, 5), kv_usage=rng.uniform(0.1, 0.8)
         )
         fleet.record_scrape(replica.id, signals, now + 3600)  # stays fresh during the run

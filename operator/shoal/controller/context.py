@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.controller.decide import Event, Memory
-from shoal.controller.engine_metrics import KVPool
 from shoal.controller.healthloop import HealthChecks
 from shoal.controller.identity import ClusterRef
 from shoal.controller.kube import KubeApi
 from shoal.controller.metrics import OperatorMetrics
 from shoal.controller.probes import EngineProbe
+from shoal.engine.client import EngineClient
+from shoal.engine.metrics import KVPool
 from shoal.controller.warming import Warmups
 
 ClusterKey = tuple[str, str]  # namespace, name
@@ -78,14 +79,21 @@ class ClusterState:
 
 @dataclass
 class OperatorContext:
+    probe: EngineProbe = field(init=False)
+    warmups: Warmups = field(init=False)
+    health: HealthChecks = field(init=False)
     settings: ControllerSettings
     post_event: PostEvent
     kube: KubeApi = field(default_factory=KubeApi)
-    probe: EngineProbe = field(default_factory=EngineProbe)
+    # One engine client (one connection pool) for every probe, check and warm-up.
+    engine: EngineClient = field(default_factory=EngineClient)
     wakeups: Wakeups = field(default_factory=Wakeups)
-    warmups: Warmups = field(default_factory=Warmups)
-    health: HealthChecks = field(default_factory=HealthChecks)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+
+    def __post_init__(self) -> None:
+        self.probe = EngineProbe(self.engine)
+        self.warmups = Warmups(engine=self.engine)
+        self.health = HealthChecks(engine=self.engine)
 
     def after_apply(self, name: str) -> None:
         if self.settings.exit_after_apply == name:
@@ -100,4 +108,4 @@ class OperatorContext:
         self.warmups.cancel_all()
         await self.health.close()
         await self.kube.close()
-        await self.probe.close()
+        await self.engine.aclose()

@@ -42,9 +42,9 @@ from enum import StrEnum
 from shoal.api.spec import OnTimeout
 from shoal.api.status import ConditionStatus
 from shoal.controller.desired import ReplicaObjects, manifest_hash
-from shoal.controller.engine_metrics import EngineMetrics
 from shoal.controller.identity import Manifest
 from shoal.controller.observe import Observed, PodFacts, ReplicaFacts, SetFacts
+from shoal.engine.metrics import MetricsSnapshot
 from shoal.health.assess import Assessment, Reason
 from shoal.warmup.verify import Verdict
 
@@ -117,7 +117,7 @@ class Probes:
     """Answers of leader engines, by pod uid."""
 
     healthy: Mapping[str, bool] = field(default_factory=dict)
-    metrics: Mapping[str, EngineMetrics | None] = field(default_factory=dict)
+    metrics: Mapping[str, MetricsSnapshot | None] = field(default_factory=dict)
     warmups: Mapping[str, WarmupOutcome] = field(default_factory=dict)
     health: Mapping[str, Assessment] = field(default_factory=dict)  # by leader pod uid
 

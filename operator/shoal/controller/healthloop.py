@@ -21,8 +21,9 @@ import httpx
 
 from shoal.api.spec import HealthSpec
 from shoal.controller.identity import ClusterRef
-from shoal.controller.names import ROUTER_PORT
-from shoal.controller.probes import HEALTH_TIMEOUT_SECONDS, METRICS_TIMEOUT_SECONDS, engine_url
+from shoal.controller.names import ENGINE_PORT, ROUTER_PORT
+from shoal.engine.client import HEALTH_DEADLINE_SECONDS, METRICS_DEADLINE_SECONDS, EngineClient
+from shoal.engine.endpoints import base_url
 from shoal.health.assess import Assessment, HealthTracker, Probe
 from shoal.health.probe import probe
 from shoal.health.router_errors import (
@@ -56,10 +57,10 @@ class _ClusterChecks:
 
 
 class HealthChecks:
-    def __init__(self, *, concurrency: int = HEALTH_CONCURRENCY) -> None:
+    def __init__(self, *, engine: EngineClient, concurrency: int = HEALTH_CONCURRENCY) -> None:
+        self._engine = engine  # the operator's; its owner closes it
         self._limit = asyncio.Semaphore(concurrency)
         self._clusters: dict[ClusterRef, _ClusterChecks] = {}
-        self._client: httpx.AsyncClient | None = None
 
     def update(
         self,
@@ -92,13 +93,6 @@ class HealthChecks:
     async def close(self) -> None:
         for ref in list(self._clusters):
             self.forget(ref)
-        if self._client is not None:
-            await self._client.aclose()
-
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient()
-        return self._client
 
     async def _loop(self, checks: _ClusterChecks) -> None:
         while checks.targets:
@@ -119,10 +113,10 @@ class HealthChecks:
         async with self._limit:
             try:
                 return await probe(
-                    self._http(),
-                    engine_url(target.ip, ""),
+                    self._engine,
+                    base_url(target.ip, port=ENGINE_PORT),
                     model=target.model,
-                    health_timeout=HEALTH_TIMEOUT_SECONDS,
+                    health_timeout=HEALTH_DEADLINE_SECONDS,
                     canary_timeout=float(checks.health.canary_timeout_seconds),
                 )
             except Exception:  # a bug in one check must not end the loop
@@ -138,8 +132,8 @@ class HealthChecks:
 
     async def _router_counts(self, ip: str) -> dict[str, Routed] | None:
         try:
-            response = await self._http().get(
-                engine_url(ip, "/metrics", port=ROUTER_PORT), timeout=METRICS_TIMEOUT_SECONDS
+            response = await self._engine.http.get(
+                base_url(ip, port=ROUTER_PORT) + "/metrics", timeout=METRICS_DEADLINE_SECONDS
             )
             if response.status_code != 200:
                 return None

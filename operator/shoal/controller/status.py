@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shoal.api.capacity import plan_spec
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import (
     CapacityStatus,
@@ -23,11 +24,10 @@ from shoal.api.status import (
 from shoal.api.validation import SpecError
 from shoal.controller.decide import Decision, Memory, Probes, group_complete
 from shoal.controller.engine import nodes_per_replica
-from shoal.controller.engine_metrics import KVPool
 from shoal.controller.names import ANNOTATION_PAUSED, leader_selector_text, router_name
 from shoal.controller.observe import Observed, ReplicaFacts
 from shoal.controller.restarts import recent_restarts, wall_seconds
-from shoal.planner.from_spec import plan_spec
+from shoal.engine.metrics import KVPool
 
 
 @dataclass(frozen=True)

@@ -10,18 +10,19 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import aiohttp
+import httpx
 import yaml
 
+from shoal.api.router import HOT_PREFIXES_PORT
 from shoal.api.spec import VLLMClusterSpec, WarmupPrompt
 from shoal.controller.decide import WarmupOutcome, WarmupPolicy
 from shoal.controller.engine import served_model_name
 from shoal.controller.identity import ClusterRef
 from shoal.controller.kube import KubeApi
-from shoal.controller.names import router_selector, selector_text
+from shoal.controller.names import ENGINE_PORT, router_selector, selector_text
 from shoal.controller.observe import PodFacts
-from shoal.controller.probes import engine_url
-from shoal.router.config import HotPrefixes
+from shoal.engine.client import EngineClient
+from shoal.engine.endpoints import base_url
 from shoal.warmup.prompts import Prompt, combine, from_object
 from shoal.warmup.runner import warm
 from shoal.warmup.verify import Verdict
@@ -79,7 +80,8 @@ def hot_prefix_prompts(answer: Any) -> list[Prompt]:
 class Warmups:
     """The operator's warm-up tasks, by cluster and leader pod uid."""
 
-    def __init__(self, *, concurrency: int = WARMUP_CONCURRENCY) -> None:
+    def __init__(self, *, engine: EngineClient, concurrency: int = WARMUP_CONCURRENCY) -> None:
+        self._engine = engine  # the operator's; its owner closes it
         self._limit = asyncio.Semaphore(concurrency)
         self._tasks: dict[ClusterRef, dict[str, asyncio.Task[WarmupOutcome]]] = {}
 
@@ -129,7 +131,7 @@ class Warmups:
         warmup = spec.warmup
         async with self._limit:
             try:
-                prompts = await _prompts(kube, ref, spec)
+                prompts = await _prompts(kube, ref, spec, http=self._engine.http)
             except Exception as error:
                 message = f"could not read warm-up prompts: {error}"
                 return WarmupOutcome(running=False, verdict=Verdict.UNREACHABLE, message=message)
@@ -140,8 +142,9 @@ class Warmups:
                     message="no warm-up prompt was found in any source",
                 )
             result = await warm(
-                engine_url(pod.ip or "", ""),
+                base_url(pod.ip or "", port=ENGINE_PORT),
                 prompts,
+                engine=self._engine,
                 model=served_model_name(spec),
                 min_hit_ratio=warmup.min_hit_ratio,
                 timeout_seconds=float(warmup.timeout_seconds),
@@ -158,7 +161,9 @@ class Warmups:
         )
 
 
-async def _prompts(kube: KubeApi, ref: ClusterRef, spec: VLLMClusterSpec) -> list[Prompt]:
+async def _prompts(
+    kube: KubeApi, ref: ClusterRef, spec: VLLMClusterSpec, *, http: httpx.AsyncClient
+) -> list[Prompt]:
     warmup = spec.warmup
     sources: list[list[Prompt]] = [inline_prompts(warmup.prompts)]
     if warmup.config_map is not None:
@@ -167,24 +172,22 @@ async def _prompts(kube: KubeApi, ref: ClusterRef, spec: VLLMClusterSpec) -> lis
         if content:
             sources.append(config_map_prompts(content))
     if warmup.hot_prefixes and spec.router.hot_prefixes.enabled:
-        sources.append(await _hot_prefixes(kube, ref))
+        sources.append(await _hot_prefixes(kube, ref, http=http))
     return combine(sources, max_prompts=warmup.max_prompts)
 
 
-async def _hot_prefixes(kube: KubeApi, ref: ClusterRef) -> list[Prompt]:
+async def _hot_prefixes(kube: KubeApi, ref: ClusterRef, *, http: httpx.AsyncClient) -> list[Prompt]:
     """The first router pod that answers; none when no router is reachable."""
     pods = await kube.list("v1", "Pod", ref.namespace, selector_text(router_selector(ref.name)))
-    timeout = aiohttp.ClientTimeout(total=HOT_PREFIXES_TIMEOUT_SECONDS)
-    port = HotPrefixes().port
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        for pod in pods:
-            ip = (pod.get("status") or {}).get("podIP")
-            if not ip:
-                continue
-            try:
-                async with session.get(engine_url(ip, "/hot-prefixes", port=port)) as answer:
-                    if answer.status == 200:
-                        return hot_prefix_prompts(await answer.json())
-            except (aiohttp.ClientError, TimeoutError, ValueError):
-                continue
+    for pod in pods:
+        ip = (pod.get("status") or {}).get("podIP")
+        if not ip:
+            continue
+        url = base_url(ip, port=HOT_PREFIXES_PORT) + "/hot-prefixes"
+        try:
+            answer = await http.get(url, timeout=HOT_PREFIXES_TIMEOUT_SECONDS)
+            if answer.status_code == 200:
+                return hot_prefix_prompts(answer.json())
+        except (httpx.HTTPError, ValueError):
+            continue
     return []

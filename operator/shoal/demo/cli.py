@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.live import Live
@@ -38,6 +38,7 @@ from shoal.bench.workloads import Workload, synthetic
 from shoal.demo.view import Snapshot, render
 from shoal.sim.profiles import DEFAULT_PROFILE, PROFILES
 
+from shoal.engine.client import EngineClient
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
@@ -141,11 +142,11 @@ def load_scores(text: str) -> dict[str, float]:
     return scores
 
 
-async def _router_scores(session: aiohttp.ClientSession, router: str) -> Mapping[str, float]:
+async def _router_scores(engine: EngineClient, router: str) -> Mapping[str, float]:
     try:
-        async with session.get(router + "/metrics", timeout=aiohttp.ClientTimeout(1)) as response:
-            return load_scores(await response.text())
-    except (aiohttp.ClientError, TimeoutError, ValueError):
+        response = await engine.http.get(router + "/metrics", timeout=1.0)
+        return load_scores(response.text)
+    except (httpx.HTTPError, ValueError):
         return {}
 
 
@@ -153,8 +154,8 @@ async def _drive_with_view(
     fleet: LocalFleet, workload: Workload, *, rate: float, duration: float, console: Console
 ) -> dict[str, Any]:
     outcomes: list[Outcome] = []
-    async with aiohttp.ClientSession() as session:
-        baseline = await scrape(session, fleet.engines)
+    async with EngineClient() as engine:
+        baseline = await scrape(engine, fleet.engines)
         run = asyncio.ensure_future(
             measure(
                 fleet.router,
@@ -173,8 +174,8 @@ async def _drive_with_view(
         with live if live is not None else contextlib.nullcontext():
             while True:
                 engines, scores = await asyncio.gather(
-                    scrape(session, fleet.engines, limit_seconds=1.0),
-                    _router_scores(session, fleet.router),
+                    scrape(engine, fleet.engines, deadline=1.0),
+                    _router_scores(engine, fleet.router),
                 )
                 snapshot = Snapshot(
                     title=f"{fleet.policy}: live view",

@@ -14,8 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from shoal.bench.driver import Outcome
-from shoal.bench.engines import EngineCounters
 from shoal.bench.stats import percentile
+from shoal.engine.metrics import MetricsSnapshot
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,8 @@ class Snapshot:
     title: str
     elapsed: float
     duration: float
-    engines: Mapping[str, EngineCounters | None]  # now
-    baseline: Mapping[str, EngineCounters | None]  # when the run began
+    engines: Mapping[str, MetricsSnapshot | None]  # now
+    baseline: Mapping[str, MetricsSnapshot | None]  # when the run began
     load_scores: Mapping[str, float]  # the router's view, by engine URL
     outcomes: Sequence[Outcome]  # answered so far
 
@@ -36,11 +36,11 @@ def _bar(share: float, width: int = 20) -> str:
 
 def replica_rows(snapshot: Snapshot) -> list[tuple[str, ...]]:
     """One row per engine: name, running, waiting, KV, hits, requests, share."""
-    deltas: dict[str, EngineCounters] = {}
+    deltas: dict[str, MetricsSnapshot] = {}
     for url, now in snapshot.engines.items():
         before = snapshot.baseline.get(url)
         if now is not None and before is not None:
-            deltas[url] = now.minus(before)
+            deltas[url] = now.since(before)
     total = sum(d.requests for d in deltas.values())
     rows: list[tuple[str, ...]] = []
     for index, url in enumerate(snapshot.engines):

@@ -7,10 +7,10 @@ import asyncio
 import json
 import time
 
-import httpx
-
+from shoal.engine.client import EngineClient
+from shoal.engine.errors import EngineError
 from shoal.health.assess import HealthTracker
-from shoal.health.probe import model_name, probe
+from shoal.health.probe import probe
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,13 +57,13 @@ async def _run(args: argparse.Namespace) -> int:
     endpoint = args.endpoint.rstrip("/")
     healthy = True
     rounds = 0
-    async with httpx.AsyncClient() as client:
+    async with EngineClient() as engine:
         model = args.model
         while True:
             started = time.monotonic()
-            model = model or await model_name(client, endpoint, args.health_timeout)
+            model = model or await _default_model(engine, endpoint, args.health_timeout)
             result = await probe(
-                client,
+                engine,
                 endpoint,
                 model=model,
                 health_timeout=args.health_timeout,
@@ -85,6 +85,16 @@ async def _run(args: argparse.Namespace) -> int:
             if not args.watch or (args.count and rounds >= args.count):
                 return 0 if healthy else 1
             await asyncio.sleep(max(args.interval - (time.monotonic() - started), 0.0))
+
+
+async def _default_model(engine: EngineClient, endpoint: str, deadline: float) -> str | None:
+    """The engine's first served model; None (no canary this round) when it
+    does not say."""
+    try:
+        models = await engine.models(endpoint, deadline=deadline)
+    except EngineError:
+        return None
+    return models[0] if models else None
 
 
 def _print(

@@ -7,77 +7,65 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
-
+from shoal.engine.client import HEALTH_DEADLINE_SECONDS, EngineClient
+from shoal.engine.errors import EngineError, ErrorStatus, TimedOut, Unreachable
+from shoal.engine.metrics import MetricsSnapshot
 from shoal.health.assess import Outcome, Probe
-from shoal.router.signals import EngineSignals, parse_metrics
 
 
-async def _metrics(
-    client: httpx.AsyncClient, endpoint: str, deadline: float
-) -> EngineSignals | None:
+async def _metrics(engine: EngineClient, endpoint: str, deadline: float) -> MetricsSnapshot | None:
     try:
-        response = await client.get(endpoint + "/metrics", timeout=deadline)
-        if response.status_code != 200:
-            return None
-        return parse_metrics(response.text)
-    except (httpx.HTTPError, ValueError):
+        return await engine.metrics(endpoint, deadline=deadline)
+    except EngineError:
         return None
 
 
 async def _health(
-    client: httpx.AsyncClient, endpoint: str, deadline: float
+    engine: EngineClient, endpoint: str, deadline: float
 ) -> tuple[Outcome, int | None]:
     try:
-        response = await client.get(endpoint + "/health", timeout=deadline)
-    except httpx.TimeoutException:
+        status = await engine.health(endpoint, deadline=deadline)
+    except TimedOut:
         return Outcome.TIMEOUT, None
-    except httpx.HTTPError:
+    except Unreachable:
         return Outcome.REFUSED, None
-    return (Outcome.OK if response.status_code == 200 else Outcome.ERROR), response.status_code
+    return (Outcome.OK if status == 200 else Outcome.ERROR), status
 
 
 async def _canary(
-    client: httpx.AsyncClient, endpoint: str, model: str, deadline: float
+    engine: EngineClient, endpoint: str, *, model: str, deadline: float
 ) -> tuple[Outcome, int | None]:
-    body = {"model": model, "prompt": "shoal canary", "max_tokens": 1}
     try:
-        response = await client.post(endpoint + "/v1/completions", json=body, timeout=deadline)
-    except httpx.TimeoutException:
+        await engine.canary(endpoint, model=model, deadline=deadline)
+    except TimedOut:
         return Outcome.TIMEOUT, None
-    except httpx.HTTPError:
+    except Unreachable:
         return Outcome.REFUSED, None
-    return (Outcome.OK if response.status_code == 200 else Outcome.ERROR), response.status_code
-
-
-async def model_name(client: httpx.AsyncClient, endpoint: str, deadline: float) -> str | None:
-    try:
-        response = await client.get(endpoint + "/v1/models", timeout=deadline)
-        models = response.json().get("data") or []
-        return str(models[0]["id"]) if models else None
-    except (httpx.HTTPError, ValueError, KeyError):
-        return None
+    except ErrorStatus as error:
+        return Outcome.ERROR, error.status
+    return Outcome.OK, 200
 
 
 async def probe(
-    client: httpx.AsyncClient,
+    engine: EngineClient,
     endpoint: str,
     *,
     model: str | None,
-    health_timeout: float = 5.0,
+    health_timeout: float = HEALTH_DEADLINE_SECONDS,
     canary_timeout: float = 10.0,
 ) -> Probe:
-    endpoint = endpoint.rstrip("/")
     at = time.monotonic()
     (health, health_status), before = await asyncio.gather(
-        _health(client, endpoint, health_timeout), _metrics(client, endpoint, health_timeout)
+        _health(engine, endpoint, health_timeout), _metrics(engine, endpoint, health_timeout)
     )
     if health is not Outcome.OK:
         return Probe(at=at, health=health, health_status=health_status, metrics_ok=False)
     canary, canary_status = Outcome.SKIPPED, None
     if model is not None:
-        canary, canary_status = await _canary(client, endpoint, model, canary_timeout)
-    after = await _metrics(client, endpoint, health_timeout)
+        canary, canary_status = await _canary(
+            engine, endpoint, model=model, deadline=canary_timeout
+        )
+    after = await _metrics(engine, endpoint, health_timeout)
     during = None
     if before is not None and after is not None:
         during = after.generation_tokens - before.generation_tokens

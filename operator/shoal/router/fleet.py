@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from shoal.engine.metrics import EngineMetrics
+from shoal.engine.metrics import MetricsSnapshot
 from shoal.router.breaker import CircuitBreaker
 from shoal.router.config import RouterConfig
 from shoal.router.index import PrefixIndex
@@ -42,7 +42,7 @@ class Replica:
     endpoint: Endpoint
     breaker: CircuitBreaker
     id: str = ""
-    signals: EngineMetrics | None = None
+    signals: MetricsSnapshot | None = None
     scraped_at: float | None = None
     inflight: int = 0
     pending: float = 0.0  # estimated prompt tokens sent and not yet prefilled
@@ -82,7 +82,7 @@ class Fleet:
             self.index.remove_replica(gone)
         self.sweep(time.monotonic())
 
-    def record_scrape(self, replica_id: str, signals: EngineMetrics | None, now: float) -> None:
+    def record_scrape(self, replica_id: str, signals: MetricsSnapshot | None, now: float) -> None:
         replica = self.replicas.get(replica_id)
         if replica is None:
             return

@@ -1,7 +1,9 @@
 """Background scraping of every replica's `/metrics`, concurrently, each
 under a deadline. The request path never scrapes; it reads the latest
 values. A failed scrape leaves the old values to go stale, and stale
-metrics count as full load."""
+metrics count as full load, as does a scrape that is not a whole vLLM
+exposition (`shoal.engine.metrics.parse`). The fetch stays on aiohttp, the
+router's own stack."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
+from shoal.engine import endpoints
+from shoal.engine.errors import BadMetrics
+from shoal.engine.metrics import MetricsSnapshot, parse
 from shoal.router.fleet import Fleet, Replica
-from shoal.router.signals import EngineSignals, parse_metrics
 
 log = logging.getLogger("shoal.router.scrape")
 
@@ -45,11 +49,11 @@ class Scraper:
 
     async def _scrape(self, replica: Replica) -> None:
         assert self.session is not None
-        signals: EngineSignals | None = None
+        signals: MetricsSnapshot | None = None
         try:
-            async with self.session.get(replica.endpoint.url + "/metrics") as response:
+            async with self.session.get(replica.endpoint.url + endpoints.METRICS) as response:
                 if response.status == 200:
-                    signals = parse_metrics(await response.text())
-        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+                    signals = parse(await response.text())
+        except (aiohttp.ClientError, TimeoutError, BadMetrics, ValueError) as error:
             log.debug("scrape of %s failed: %s", replica.endpoint.name, error)
         self.fleet.record_scrape(replica.id, signals, time.monotonic())

@@ -7,8 +7,9 @@ import asyncio
 import json
 from pathlib import Path
 
-from shoal.warmup.prompts import load_file
-from shoal.warmup.runner import warm
+from shoal.engine.client import EngineClient
+from shoal.warmup.prompts import Prompt, load_file
+from shoal.warmup.runner import WarmupResult, warm
 from shoal.warmup.verify import Verdict
 
 
@@ -36,6 +37,19 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.set_defaults(func=run)
 
 
+async def _warm(args: argparse.Namespace, prompts: list[Prompt]) -> WarmupResult:
+    async with EngineClient() as engine:
+        return await warm(
+            args.endpoint,
+            prompts,
+            engine=engine,
+            model=args.model,
+            min_hit_ratio=args.min_hit_ratio,
+            timeout_seconds=args.timeout,
+            concurrency=args.concurrency,
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         prompts = load_file(args.prompts)
@@ -43,16 +57,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"shoal warmup: {args.prompts}: {error}") from error
     if not prompts:
         raise SystemExit(f"shoal warmup: {args.prompts} holds no prompt")
-    result = asyncio.run(
-        warm(
-            args.endpoint,
-            prompts,
-            model=args.model,
-            min_hit_ratio=args.min_hit_ratio,
-            timeout_seconds=args.timeout,
-            concurrency=args.concurrency,
-        )
-    )
+    result = asyncio.run(_warm(args, prompts))
     if args.output == "json":
         print(
             json.dumps(

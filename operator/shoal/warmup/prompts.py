@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shoal.engine import endpoints
+
 MAX_PROMPT_CHARS = 64 * 1024
 
 
@@ -24,12 +26,12 @@ class Prompt:
         """The endpoint path and body that warm this prompt: one token out,
         so the engine's work is the prefill that fills the cache."""
         if self.messages is not None:
-            return "/v1/chat/completions", {
+            return endpoints.CHAT_COMPLETIONS, {
                 "model": model,
                 "messages": [{"role": r, "content": c} for r, c in self.messages],
                 "max_tokens": 1,
             }
-        return "/v1/completions", {"model": model, "prompt": self.text or "", "max_tokens": 1}
+        return endpoints.COMPLETIONS, {"model": model, "prompt": self.text or "", "max_tokens": 1}
 
     @property
     def size(self) -> int:

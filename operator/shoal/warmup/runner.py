@@ -15,9 +15,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import httpx
-
-from shoal.router.signals import parse_metrics
+from shoal.engine import endpoints
+from shoal.engine.client import EngineClient
+from shoal.engine.errors import BadAnswer, EngineError, ErrorStatus
+from shoal.engine.metrics import Metric
 from shoal.warmup.prompts import Prompt
 from shoal.warmup.verify import Verdict, expected_hits, hit_ratio, replay_sample
 
@@ -41,24 +42,18 @@ class WarmupResult:
         return f"{text}; {self.detail}" if self.detail else text
 
 
-class EngineError(Exception):
-    pass
-
-
-async def served_model(client: httpx.AsyncClient, endpoint: str) -> str:
-    response = await client.get(endpoint + "/v1/models")
-    response.raise_for_status()
-    models = response.json().get("data") or []
+async def _served_model(engine: EngineClient, endpoint: str, deadline: float) -> str:
+    models = await engine.models(endpoint, deadline=deadline)
     if not models:
-        raise EngineError(f"{endpoint}/v1/models lists no model")
-    return str(models[0]["id"])
+        raise BadAnswer(f"{endpoint}{endpoints.MODELS} lists no model")
+    return models[0]
 
 
-async def _metrics(client: httpx.AsyncClient, endpoint: str) -> tuple[float, int | None]:
-    response = await client.get(endpoint + "/metrics")
-    response.raise_for_status()
-    signals = parse_metrics(response.text)
-    return signals.prefix_hits, signals.block_size
+async def _metrics(
+    engine: EngineClient, endpoint: str, deadline: float
+) -> tuple[float, int | None]:
+    metrics = await engine.metrics(endpoint, deadline=deadline)
+    return metrics.prefix_hits, metrics.block_size
 
 
 class Refused(Exception):
@@ -67,20 +62,24 @@ class Refused(Exception):
     is skipped, not the warm-up."""
 
 
-async def _send(client: httpx.AsyncClient, endpoint: str, model: str, prompt: Prompt) -> int:
+async def _send(
+    engine: EngineClient, endpoint: str, *, model: str, prompt: Prompt, deadline: float
+) -> int:
     path, body = prompt.request(model)
-    response = await client.post(endpoint + path, json=body)
-    if 400 <= response.status_code < 500 and response.status_code not in (404, 408, 429):
-        raise Refused(f"{path} answered {response.status_code}: {response.text[:200]}")
-    if response.status_code != 200:
-        raise EngineError(f"{path} answered {response.status_code}: {response.text[:200]}")
-    return int(response.json()["usage"]["prompt_tokens"])
+    try:
+        usage = await engine.complete(endpoint, path=path, body=body, deadline=deadline)
+    except ErrorStatus as error:
+        if 400 <= error.status < 500 and error.status not in (404, 408, 429):
+            raise Refused(str(error)) from error
+        raise
+    return usage.prompt_tokens
 
 
 async def warm(
     endpoint: str,
     prompts: Sequence[Prompt],
     *,
+    engine: EngineClient,
     model: str | None = None,
     min_hit_ratio: float = 0.9,
     timeout_seconds: float = 300.0,
@@ -88,6 +87,9 @@ async def warm(
     sample_size: int = 8,
     request_timeout_seconds: float = 60.0,
 ) -> WarmupResult:
+    """Warm the engine at `endpoint` over `engine` (the caller's client):
+    every engine call under request_timeout_seconds, the whole warm-up under
+    timeout_seconds."""
     started = time.monotonic()
     endpoint = endpoint.rstrip("/")
     sent = 0
@@ -102,48 +104,53 @@ async def warm(
             detail = f"{detail}; {refused}" if detail else refused
         return WarmupResult(verdict, sent, ratio, time.monotonic() - started, rounds, detail)
 
-    async with httpx.AsyncClient(timeout=request_timeout_seconds) as client:
-        try:
-            async with asyncio.timeout(timeout_seconds):
-                model = model or await served_model(client, endpoint)
-                limit = asyncio.Semaphore(concurrency)
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            model = model or await _served_model(engine, endpoint, request_timeout_seconds)
+            limit = asyncio.Semaphore(concurrency)
 
-                async def send(prompt: Prompt) -> int | None:
-                    nonlocal sent
-                    async with limit:
-                        try:
-                            tokens = await _send(client, endpoint, model, prompt)
-                        except Refused as refused:
-                            if rounds == 1:
-                                refusals.append(str(refused))
-                            return None
-                        sent += 1
-                        return tokens
-
-                while True:
-                    rounds += 1
-                    tokens = await asyncio.gather(*(send(p) for p in prompts))
-                    hits_before, block_size = await _metrics(client, endpoint)
-                    if block_size is None:
-                        return result(Verdict.UNREACHABLE, "no vllm:cache_config_info block size")
-                    accepted = [i for i, t in enumerate(tokens) if t is not None]
-                    sample = [accepted[j] for j in replay_sample(len(accepted), size=sample_size)]
-                    expected = [expected_hits(tokens[i] or 0, block_size) for i in sample]
-                    if sum(expected) == 0:
-                        return result(
-                            Verdict.NOTHING_TO_VERIFY,
-                            f"no sampled prompt is longer than one {block_size}-token block",
+            async def send(prompt: Prompt) -> int | None:
+                nonlocal sent
+                async with limit:
+                    try:
+                        tokens = await _send(
+                            engine,
+                            endpoint,
+                            model=model,
+                            prompt=prompt,
+                            deadline=request_timeout_seconds,
                         )
-                    # One at a time: a replay must not hit blocks another replay
-                    # is computing in the same step.
-                    for i in sample:
-                        await send(prompts[i])
-                    hits_after, _ = await _metrics(client, endpoint)
-                    ratio = hit_ratio(hits_after - hits_before, expected)
-                    if ratio is not None and ratio >= min_hit_ratio:
-                        return result(Verdict.WARM)
-        except TimeoutError:
-            verdict = Verdict.TIMEOUT if ratio is None else Verdict.NOT_WARM
-            return result(verdict, f"deadline of {timeout_seconds:.0f}s passed")
-        except (httpx.HTTPError, EngineError, KeyError, ValueError) as error:
-            return result(Verdict.UNREACHABLE, str(error) or type(error).__name__)
+                    except Refused as refused:
+                        if rounds == 1:
+                            refusals.append(str(refused))
+                        return None
+                    sent += 1
+                    return tokens
+
+            while True:
+                rounds += 1
+                tokens = await asyncio.gather(*(send(p) for p in prompts))
+                hits_before, block_size = await _metrics(engine, endpoint, request_timeout_seconds)
+                if block_size is None:
+                    return result(Verdict.UNREACHABLE, f"no {Metric.CACHE_CONFIG} block size")
+                accepted = [i for i, t in enumerate(tokens) if t is not None]
+                sample = [accepted[j] for j in replay_sample(len(accepted), size=sample_size)]
+                expected = [expected_hits(tokens[i] or 0, block_size) for i in sample]
+                if sum(expected) == 0:
+                    return result(
+                        Verdict.NOTHING_TO_VERIFY,
+                        f"no sampled prompt is longer than one {block_size}-token block",
+                    )
+                # One at a time: a replay must not hit blocks another replay
+                # is computing in the same step.
+                for i in sample:
+                    await send(prompts[i])
+                hits_after, _ = await _metrics(engine, endpoint, request_timeout_seconds)
+                ratio = hit_ratio(hits_after - hits_before, expected)
+                if ratio is not None and ratio >= min_hit_ratio:
+                    return result(Verdict.WARM)
+    except TimeoutError:
+        verdict = Verdict.TIMEOUT if ratio is None else Verdict.NOT_WARM
+        return result(verdict, f"deadline of {timeout_seconds:.0f}s passed")
+    except EngineError as error:
+        return result(Verdict.UNREACHABLE, str(error) or type(error).__name__)
