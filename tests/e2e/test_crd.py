@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from shoal.api.capacity import plan_spec
 from shoal.api.crd import CRD_NAME, CRD_PATHS
 from shoal.api.resource import VLLMCluster
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import CapacityStatus, Condition, ReplicaStatus, VLLMClusterStatus
 from shoal.cli import main
-from shoal.planner.from_spec import plan_spec
 from shoal_testbed.cluster import Testbed
 from tests.e2e.kube import get_json, namespace, wait_for
 from tests.sample_manifests import SAMPLES, bad_samples, good_samples, load

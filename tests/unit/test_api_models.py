@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from shoal.api.base import camel
-from shoal.api.quantity import parse_quantity
+from shoal.api.capacity import plan_spec
 from shoal.api.resource import VLLMCluster
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import CapacityStatus, VLLMClusterStatus
 from shoal.api.validation import validate_cluster
-from shoal.planner.from_spec import plan_spec
+from shoal.schema.model import camel
+from shoal.schema.quantity import parse_quantity
 
 
 def manifest(**spec: Any) -> dict[str, Any]:

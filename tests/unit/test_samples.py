@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from shoal.api.capacity import plan_spec
 from shoal.api.cel import RULES
 from shoal.api.resource import VLLMCluster
 from shoal.api.validation import validate_cluster
-from shoal.planner.from_spec import plan_spec
 from tests.sample_manifests import CAUGHT_BY, BadSample, bad_samples, good_samples, load
 
 

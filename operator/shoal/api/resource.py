@@ -6,9 +6,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from shoal.api.base import ApiModel
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import VLLMClusterStatus
+from shoal.schema.model import ApiModel
 
 
 class VLLMCluster(ApiModel):

@@ -17,8 +17,8 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from shoal.api.base import ApiModel
-from shoal.api.quantity import Quantity, parse_quantity
+from shoal.schema.model import ApiModel
+from shoal.schema.quantity import Quantity, parse_quantity
 
 # The router's internal port for its hot prefixes (warm-up reads it from the
 # router pods; it is never in the Service).

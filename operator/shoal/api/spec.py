@@ -12,11 +12,11 @@ from typing import Any, Literal
 
 from pydantic import Field, JsonValue
 
-from shoal.api.base import ApiModel
-from shoal.api.quantity import Quantity
 from shoal.api.router import RouterSettings
 from shoal.planner.architecture import Attention, KVCacheDtype, WeightDtype
 from shoal.planner.presets import PresetName
+from shoal.schema.model import ApiModel
+from shoal.schema.quantity import Quantity
 
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
 # The --max-num-seqs shoal passes unless told; a router told nothing assumes it too.

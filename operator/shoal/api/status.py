@@ -9,8 +9,8 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from shoal.api.base import ApiModel
 from shoal.planner.result import CapacityPlan
+from shoal.schema.model import ApiModel
 
 
 class ConditionType(StrEnum):

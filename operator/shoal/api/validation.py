@@ -12,9 +12,9 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from shoal.api.capacity import RULE_FIELDS, layout_of, plan_spec
 from shoal.api.resource import VLLMCluster
 from shoal.api.spec import VLLMClusterSpec
-from shoal.planner.from_spec import RULE_FIELDS, layout_of, plan_spec
 from shoal.planner.plan import layout_refusals
 
 # vLLM flags shoal derives from other fields, and the field that sets each.

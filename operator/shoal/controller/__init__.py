@@ -1,8 +1,18 @@
 """The operator: VLLMCluster -> TP-group StatefulSets, a router, and status.
 
 Three layers (see CONVENTIONS.md): the API (`shoal.api`) parses and validates
-the spec; pure builders here return manifests (`engine`, `router`,
-`services`, `desired`) and pure decisions return actions (`observe`,
-`decide`, `status`); thin I/O modules apply them (`kube`, `probes`,
-`reconcile`), driven by kopf handlers (`handlers`) that `shoal operator`
-(`cli`) runs."""
+the spec; the pure modules here take plain data and return manifests or
+decisions; the I/O modules carry them out, driven by kopf handlers that
+`shoal operator` runs.
+
+Pure (no I/O, and no kopf, aiohttp, httpx or kr8s loaded by importing them):
+builders `engine`, `router`, `services`, `desired` (with `identity`, `names`
+and `placement`); decisions `observe` (listed objects -> facts), `decide`
+(facts -> actions) and `status` (facts and actions -> status), with
+`restarts`.
+
+I/O: `kube` (the API server), `probes`, `healthloop` and `warming` (the
+engines), `reconcile` (one pass: read, decide, act), `handlers` (kopf),
+`context`, `metrics` and `logs` (process state), `cli` (`shoal operator`).
+
+tests/unit/test_layers.py holds every module of the package to this list."""

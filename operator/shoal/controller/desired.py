@@ -51,11 +51,11 @@ class DesiredFleet:
         return self.before + engines + self.after
 
 
-def build_replica(ref: ClusterRef, spec: VLLMClusterSpec, index: int) -> ReplicaObjects:
+def build_replica(ref: ClusterRef, spec: VLLMClusterSpec, *, index: int) -> ReplicaObjects:
     return ReplicaObjects(
         index=index,
-        leader=build_leader_statefulset(ref, spec, index),
-        worker=build_worker_statefulset(ref, spec, index),
+        leader=build_leader_statefulset(ref, spec, index=index),
+        worker=build_worker_statefulset(ref, spec, index=index),
     )
 
 
@@ -71,7 +71,7 @@ def desired_fleet(ref: ClusterRef, spec: VLLMClusterSpec, *, router_image: str) 
             configmap,
             build_router_service(ref, spec),
         ],
-        replicas=[build_replica(ref, spec, index) for index in range(spec.replicas)],
+        replicas=[build_replica(ref, spec, index=index) for index in range(spec.replicas)],
         after=[build_router_deployment(ref, spec, image=router_image, configmap=configmap)],
     )
 

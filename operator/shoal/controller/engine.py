@@ -98,7 +98,7 @@ def engine_args(spec: VLLMClusterSpec) -> list[str]:
     return args + list(engine.extra_args)
 
 
-def _group_args(ref: ClusterRef, spec: VLLMClusterSpec, index: int, *, rank: str) -> list[str]:
+def _group_args(ref: ClusterRef, spec: VLLMClusterSpec, *, index: int, rank: str) -> list[str]:
     nodes = nodes_per_replica(spec)
     if nodes == 1:
         return []
@@ -108,7 +108,7 @@ def _group_args(ref: ClusterRef, spec: VLLMClusterSpec, index: int, *, rank: str
         "--node-rank",
         rank,
         "--master-addr",
-        leader_address(ref.name, ref.namespace, index),
+        leader_address(ref.name, ref.namespace, index=index),
     ]
 
 
@@ -157,7 +157,7 @@ def _health_probe(period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def _pod_labels(ref: ClusterRef, index: int, role: str) -> dict[str, str]:
+def _pod_labels(ref: ClusterRef, *, index: int, role: str) -> dict[str, str]:
     return {
         **cluster_labels(ref.name, COMPONENT_ENGINE),
         LABEL_REPLICA: str(index),
@@ -165,7 +165,7 @@ def _pod_labels(ref: ClusterRef, index: int, role: str) -> dict[str, str]:
     }
 
 
-def _pod_spec(ref: ClusterRef, spec: VLLMClusterSpec, index: int, *, role: str) -> dict[str, Any]:
+def _pod_spec(ref: ClusterRef, spec: VLLMClusterSpec, *, index: int, role: str) -> dict[str, Any]:
     volumes, mounts = _volumes(spec)
     env = _model_env(spec)
     container: dict[str, Any] = {
@@ -174,7 +174,7 @@ def _pod_spec(ref: ClusterRef, spec: VLLMClusterSpec, index: int, *, role: str) 
         "command": ["vllm", "serve"],
     }
     if role == ROLE_LEADER:
-        container["args"] = engine_args(spec) + _group_args(ref, spec, index, rank="0")
+        container["args"] = engine_args(spec) + _group_args(ref, spec, index=index, rank="0")
         container["ports"] = [{"name": "http", "containerPort": ENGINE_PORT}]
         # vLLM refuses connections while loading and answers 503 only once its
         # engine is dead, so /health serves startup, liveness and readiness.
@@ -198,7 +198,7 @@ def _pod_spec(ref: ClusterRef, spec: VLLMClusterSpec, index: int, *, role: str) 
         container["args"] = [
             *engine_args(spec),
             "--headless",
-            *_group_args(ref, spec, index, rank="$(NODE_RANK)"),
+            *_group_args(ref, spec, index=index, rank="$(NODE_RANK)"),
         ]
     container["env"] = env + list(spec.engine.env)
     container["resources"] = _resources(spec)
@@ -225,9 +225,9 @@ def _pod_spec(ref: ClusterRef, spec: VLLMClusterSpec, index: int, *, role: str) 
 
 
 def _statefulset(
-    ref: ClusterRef, spec: VLLMClusterSpec, index: int, *, role: str, name: str, pods: int
+    ref: ClusterRef, spec: VLLMClusterSpec, *, index: int, role: str, name: str, pods: int
 ) -> Manifest:
-    labels = _pod_labels(ref, index, role)
+    labels = _pod_labels(ref, index=index, role=role)
     set_spec: dict[str, Any] = {
         "replicas": pods,
         "serviceName": engine_service_name(ref.name),
@@ -235,10 +235,10 @@ def _statefulset(
         # shoal replaces pods itself: whole groups, rollout.maxUnavailable
         # replicas at a time, each only after the last is warm and Ready.
         "updateStrategy": {"type": "OnDelete"},
-        "selector": {"matchLabels": set_selector(ref.name, index, role)},
+        "selector": {"matchLabels": set_selector(ref.name, index, role=role)},
         "template": {
             "metadata": {"labels": labels},
-            "spec": _pod_spec(ref, spec, index, role=role),
+            "spec": _pod_spec(ref, spec, index=index, role=role),
         },
     }
     if role == ROLE_WORKER:
@@ -246,22 +246,24 @@ def _statefulset(
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": object_meta(ref, name, labels),
+        "metadata": object_meta(ref, name, labels=labels),
         "spec": set_spec,
     }
 
 
-def build_leader_statefulset(ref: ClusterRef, spec: VLLMClusterSpec, index: int) -> Manifest:
+def build_leader_statefulset(ref: ClusterRef, spec: VLLMClusterSpec, *, index: int) -> Manifest:
     """Replica index's leader: one pod with the API server, the readiness gate
     and, for a multi-node replica, rank 0 of the group."""
     name = leader_set_name(ref.name, index)
-    return _statefulset(ref, spec, index, role=ROLE_LEADER, name=name, pods=1)
+    return _statefulset(ref, spec, index=index, role=ROLE_LEADER, name=name, pods=1)
 
 
-def build_worker_statefulset(ref: ClusterRef, spec: VLLMClusterSpec, index: int) -> Manifest | None:
+def build_worker_statefulset(
+    ref: ClusterRef, spec: VLLMClusterSpec, *, index: int
+) -> Manifest | None:
     """Replica index's headless ranks 1..n-1, or None when one node holds the replica."""
     nodes = nodes_per_replica(spec)
     if nodes == 1:
         return None
     name = worker_set_name(ref.name, index)
-    return _statefulset(ref, spec, index, role=ROLE_WORKER, name=name, pods=nodes - 1)
+    return _statefulset(ref, spec, index=index, role=ROLE_WORKER, name=name, pods=nodes - 1)

@@ -40,8 +40,8 @@ class ClusterRef:
 def object_meta(
     ref: ClusterRef,
     name: str,
-    labels: dict[str, str],
     *,
+    labels: dict[str, str],
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {

@@ -74,7 +74,7 @@ def leader_pod_name(cluster: str, index: int) -> str:
     return f"{leader_set_name(cluster, index)}-0"
 
 
-def leader_address(cluster: str, namespace: str, index: int) -> str:
+def leader_address(cluster: str, namespace: str, *, index: int) -> str:
     """DNS name of replica index's leader pod (through the headless Service)."""
     return f"{leader_pod_name(cluster, index)}.{engine_service_name(cluster)}.{namespace}.svc"
 
@@ -100,7 +100,7 @@ def group_selector(cluster: str, index: int) -> dict[str, str]:
     return {LABEL_CLUSTER: cluster, LABEL_REPLICA: str(index)}
 
 
-def set_selector(cluster: str, index: int, role: str) -> dict[str, str]:
+def set_selector(cluster: str, index: int, *, role: str) -> dict[str, str]:
     """A StatefulSet's selector: immutable, so kept to what never changes."""
     return {LABEL_CLUSTER: cluster, LABEL_REPLICA: str(index), LABEL_ROLE: role}
 

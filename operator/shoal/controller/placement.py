@@ -35,9 +35,11 @@ def affinity(spec: VLLMClusterSpec, *, cluster: str, index: int, nodes: int) -> 
     required_co: list[dict[str, Any]] = []
     preferred_anti: list[dict[str, Any]] = []
     if nodes > 1:
-        required_anti.append(_group_term(cluster, index, HOSTNAME))
+        required_anti.append(_group_term(cluster, index, topology_key=HOSTNAME))
         if spec.placement.topology_key:
-            required_co.append(_group_term(cluster, index, spec.placement.topology_key))
+            required_co.append(
+                _group_term(cluster, index, topology_key=spec.placement.topology_key)
+            )
     if spec.placement.spread_replicas:
         others = {
             "matchLabels": engine_selector(cluster),
@@ -48,26 +50,39 @@ def affinity(spec: VLLMClusterSpec, *, cluster: str, index: int, nodes: int) -> 
         preferred_anti.append(
             {"weight": 100, "podAffinityTerm": {"labelSelector": others, "topologyKey": HOSTNAME}}
         )
-    _extend(
-        user, "podAntiAffinity", "requiredDuringSchedulingIgnoredDuringExecution", required_anti
+    user = _extended(
+        user,
+        kind="podAntiAffinity",
+        rule="requiredDuringSchedulingIgnoredDuringExecution",
+        terms=required_anti,
     )
-    _extend(
-        user, "podAntiAffinity", "preferredDuringSchedulingIgnoredDuringExecution", preferred_anti
+    user = _extended(
+        user,
+        kind="podAntiAffinity",
+        rule="preferredDuringSchedulingIgnoredDuringExecution",
+        terms=preferred_anti,
     )
-    _extend(user, "podAffinity", "requiredDuringSchedulingIgnoredDuringExecution", required_co)
-    return user
+    return _extended(
+        user,
+        kind="podAffinity",
+        rule="requiredDuringSchedulingIgnoredDuringExecution",
+        terms=required_co,
+    )
 
 
-def _group_term(cluster: str, index: int, topology_key: str) -> dict[str, Any]:
+def _group_term(cluster: str, index: int, *, topology_key: str) -> dict[str, Any]:
     return {
         "labelSelector": {"matchLabels": group_selector(cluster, index)},
         "topologyKey": topology_key,
     }
 
 
-def _extend(affinity: dict[str, Any], kind: str, rule: str, terms: list[dict[str, Any]]) -> None:
+def _extended(
+    affinity: dict[str, Any], *, kind: str, rule: str, terms: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The affinity with terms added to kind's rule."""
     if not terms:
-        return
+        return affinity
     section = dict(affinity.get(kind) or {})
     section[rule] = [*(section.get(rule) or []), *terms]
-    affinity[kind] = section
+    return {**affinity, kind: section}

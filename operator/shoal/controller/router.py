@@ -48,7 +48,7 @@ def build_router_configmap(ref: ClusterRef, spec: VLLMClusterSpec) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": object_meta(ref, router_name(ref.name), _labels(ref)),
+        "metadata": object_meta(ref, router_name(ref.name), labels=_labels(ref)),
         "data": {CONFIG_FILE: render_router_config(spec)},
     }
 
@@ -57,7 +57,7 @@ def build_router_service_account(ref: ClusterRef) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": object_meta(ref, router_name(ref.name), _labels(ref)),
+        "metadata": object_meta(ref, router_name(ref.name), labels=_labels(ref)),
     }
 
 
@@ -67,7 +67,7 @@ def build_router_role(ref: ClusterRef) -> Manifest:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": object_meta(ref, router_name(ref.name), _labels(ref)),
+        "metadata": object_meta(ref, router_name(ref.name), labels=_labels(ref)),
         "rules": [rule],
     }
 
@@ -77,7 +77,7 @@ def build_router_role_binding(ref: ClusterRef) -> Manifest:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": object_meta(ref, name, _labels(ref)),
+        "metadata": object_meta(ref, name, labels=_labels(ref)),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ref.namespace}],
     }
@@ -88,7 +88,7 @@ def build_router_service(ref: ClusterRef, spec: VLLMClusterSpec) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": object_meta(ref, router_name(ref.name), _labels(ref)),
+        "metadata": object_meta(ref, router_name(ref.name), labels=_labels(ref)),
         "spec": {
             "type": service.type,
             "selector": router_selector(ref.name),
@@ -149,7 +149,7 @@ def build_router_deployment(
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": object_meta(ref, name, labels),
+        "metadata": object_meta(ref, name, labels=labels),
         "spec": {
             "replicas": router.replicas,
             "selector": {"matchLabels": router_selector(ref.name)},

@@ -20,7 +20,7 @@ def build_engine_service(ref: ClusterRef) -> Manifest:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": object_meta(
-            ref, engine_service_name(ref.name), cluster_labels(ref.name, COMPONENT_ENGINE)
+            ref, engine_service_name(ref.name), labels=cluster_labels(ref.name, COMPONENT_ENGINE)
         ),
         "spec": {
             "clusterIP": "None",
@@ -39,7 +39,7 @@ def build_engine_pdb(ref: ClusterRef, spec: VLLMClusterSpec) -> Manifest:
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": object_meta(
-            ref, pdb_name(ref.name), cluster_labels(ref.name, COMPONENT_ENGINE)
+            ref, pdb_name(ref.name), labels=cluster_labels(ref.name, COMPONENT_ENGINE)
         ),
         "spec": {
             "maxUnavailable": spec.rollout.max_unavailable,

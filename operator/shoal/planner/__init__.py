@@ -3,5 +3,9 @@
 Pure arithmetic over a model's architecture, a GPU and a layout (TP, PP, DP,
 DCP); `shoal plan` prints it and the operator writes it to `status.capacity`.
 Modules: `architecture` and `presets` (the model), `layout`, `plan` (the
-arithmetic and vLLM's rules), `result` (the output model), `from_spec` (a
-VLLMCluster's inputs), `table` and `cli` (`shoal plan`)."""
+arithmetic and vLLM's rules), `result` (the output model), `table` and `cli`
+(`shoal plan`).
+
+The layer below `shoal.api`: nothing here but `cli` (the top, reading
+VLLMCluster manifests for `shoal plan -f`) imports it; a VLLMCluster's spec
+becomes planner inputs in `shoal.api.capacity`."""

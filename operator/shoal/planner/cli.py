@@ -14,15 +14,15 @@ from typing import Any, get_args
 import yaml
 
 from shoal.api import KIND
-from shoal.api.quantity import GiB
+from shoal.api.capacity import gpu_of, plan_spec, resolve_architecture
 from shoal.api.resource import VLLMCluster
 from shoal.api.validation import SpecError, parse_cluster, validate_spec
 from shoal.planner.architecture import Architecture, Attention, KVCacheDtype, WeightDtype
-from shoal.planner.from_spec import gpu_of, plan_spec, resolve_architecture
 from shoal.planner.layout import Layout, parse_layout
 from shoal.planner.plan import GPU, ROUNDING_NOTE, plan
 from shoal.planner.presets import PRESET_NAMES, PRESETS, preset_for_model
 from shoal.planner.table import describe, render
+from shoal.schema.quantity import GiB
 
 EXAMPLE = (
     "example: shoal plan --model meta-llama/Llama-3.1-70B-Instruct --gpu-memory-gib 79.6 "
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     )
     layouts: list[Layout] = args.layout or [Layout()]
     plans = [
-        plan(arch, gpu, layout, max_model_len=args.max_model_len, nodes=args.nodes)
+        plan(arch, gpu, layout=layout, max_model_len=args.max_model_len, nodes=args.nodes)
         for layout in layouts
     ]
     max_model_len = plans[0].max_model_len
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         }
         print(json.dumps(document, indent=2))
     else:
-        print(describe(arch, gpu, max_model_len))
+        print(describe(arch, gpu, max_model_len=max_model_len))
         print()
         print(render(plans))
     return 0 if all(p.fits for p in plans) else 1
@@ -196,7 +196,7 @@ def _capacity_lines(cluster: VLLMCluster, planned: bool) -> list[str]:
             "architecture's numbers"
         ]
     model_len = cluster.spec.engine.max_model_len or arch.context_length or 0
-    return [describe(arch, gpu_of(cluster.spec), model_len), ""]
+    return [describe(arch, gpu_of(cluster.spec), max_model_len=model_len), ""]
 
 
 def _error_json(error: SpecError) -> dict[str, str]:

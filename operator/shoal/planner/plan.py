@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from math import ceil, floor
 
-from shoal.api.quantity import GiB
 from shoal.planner.architecture import Architecture
 from shoal.planner.layout import Layout
 from shoal.planner.result import CapacityPlan, Refusal
+from shoal.schema.quantity import GiB
 
 ROUNDING_NOTE = (
     "Token counts are before rounding: vLLM rounds each KV pool down to whole blocks "
@@ -53,8 +53,8 @@ def kv_bytes_per_token_per_gpu(arch: Architecture, layout: Layout) -> Fraction:
 def plan(
     arch: Architecture,
     gpu: GPU,
-    layout: Layout,
     *,
+    layout: Layout,
     max_model_len: int | None = None,
     nodes: int | None = None,
 ) -> CapacityPlan:
@@ -83,7 +83,7 @@ def plan(
             )
         )
     if nodes is not None:
-        refusals += _cluster_refusals(layout, gpu.per_node, nodes)
+        refusals += _cluster_refusals(layout, per_node=gpu.per_node, nodes=nodes)
     per_replica = Fraction(tokens, model_len) if model_len else Fraction(0)
     return CapacityPlan(
         layout=layout.name,
@@ -123,7 +123,7 @@ def layout_refusals(
         )
     refusals += _node_shape(layout, gpus_per_node)
     if dcp > 1:
-        refusals += _dcp_refusals(arch, tp, dcp)
+        refusals += _dcp_refusals(arch, tp=tp, dcp=dcp)
     return refusals
 
 
@@ -131,7 +131,7 @@ def _head_refusals(arch: Architecture, tp: int) -> list[Refusal]:
     """vLLM splits query heads over the TP ranks, and KV heads too, or replicates
     each KV head over tp / KV heads ranks when TP exceeds them."""
     q, kv = arch.query_heads, arch.kv_heads
-    fix = _choose("tensor size", tp, _tensor_sizes(arch))
+    fix = _choose("tensor size", wrong=tp, valid=_tensor_sizes(arch))
     if q % tp:
         return [
             Refusal(
@@ -167,7 +167,7 @@ def _node_shape(layout: Layout, gpus_per_node: int) -> list[Refusal]:
     ]
 
 
-def _dcp_refusals(arch: Architecture | None, tp: int, dcp: int) -> list[Refusal]:
+def _dcp_refusals(arch: Architecture | None, *, tp: int, dcp: int) -> list[Refusal]:
     """vLLM 0.32's checks of --decode-context-parallel-size (config/parallel.py, model.py).
     MLA caches one latent per token, like one KV head, so only the first applies."""
     if tp % dcp:
@@ -175,7 +175,7 @@ def _dcp_refusals(arch: Architecture | None, tp: int, dcp: int) -> list[Refusal]
             Refusal(
                 rule="dcp-divides-tp",
                 message=f"tp_size={tp} must be divisible by dcp_size={dcp}. "
-                f"Fix: {_choose('decode context size', dcp, _divisors(tp))}.",
+                f"Fix: {_choose('decode context size', wrong=dcp, valid=_divisors(tp))}.",
             )
         ]
     if arch is None or arch.attention == "MLA":
@@ -208,7 +208,7 @@ def _dcp_refusals(arch: Architecture | None, tp: int, dcp: int) -> list[Refusal]
                 rule="dcp-query-heads",
                 message=f"The model's number of query heads per KV head ({q // kv}) must be "
                 f"divisible by --decode-context-parallel-size ({dcp}) for GQA/MQA. "
-                f"Fix: {_choose('decode context size', dcp, _divisors(q // kv))}.",
+                f"Fix: {_choose('decode context size', wrong=dcp, valid=_divisors(q // kv))}.",
             )
         )
     return refusals
@@ -252,7 +252,7 @@ def _full_length(
     )
 
 
-def _cluster_refusals(layout: Layout, per_node: int, nodes: int) -> list[Refusal]:
+def _cluster_refusals(layout: Layout, *, per_node: int, nodes: int) -> list[Refusal]:
     if layout.gpus_per_replica <= per_node:
         needed = ceil(layout.data / (per_node // layout.gpus_per_replica))
     else:
@@ -278,7 +278,7 @@ def _tensor_sizes(arch: Architecture) -> list[int]:
     return [t for t in _divisors(q) if kv % t == 0 or t % kv == 0]
 
 
-def _choose(what: str, wrong: int, valid: list[int]) -> str:
+def _choose(what: str, *, wrong: int, valid: list[int]) -> str:
     below = [v for v in valid if v < wrong]
     above = [v for v in valid if v > wrong]
     nearest = ([below[-1]] if below else []) + ([above[0]] if above else [])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from shoal.api.base import ApiModel
+from shoal.schema.model import ApiModel
 
 
 class Refusal(ApiModel):

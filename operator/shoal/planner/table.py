@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fractions import Fraction
 
-from shoal.api.quantity import format_bytes
 from shoal.planner.architecture import Architecture
 from shoal.planner.plan import GPU, ROUNDING_NOTE
 from shoal.planner.result import CapacityPlan
+from shoal.schema.quantity import format_bytes
 
 _HEADERS = (
     "layout",
@@ -24,7 +24,7 @@ _HEADERS = (
 )
 
 
-def describe(arch: Architecture, gpu: GPU, max_model_len: int) -> str:
+def describe(arch: Architecture, gpu: GPU, *, max_model_len: int) -> str:
     """Two lines saying what was planned for."""
     attention = "MLA latent" if arch.attention == "MLA" else "KV heads"
     return (

@@ -25,7 +25,7 @@ def _word(part: str) -> str:
 
 
 class ApiModel(BaseModel):
-    """A part of the VLLMCluster resource.
+    """A part of the VLLMCluster resource, or of a capacity plan.
 
     Unknown fields are errors, as under `kubectl apply`'s strict field
     validation, so a misspelt field is reported rather than silently ignored."""

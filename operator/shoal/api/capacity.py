@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 from fractions import Fraction
 
-from shoal.api.quantity import parse_quantity
 from shoal.api.spec import ModelSpec, VLLMClusterSpec
 from shoal.planner.architecture import Architecture
 from shoal.planner.layout import Layout
 from shoal.planner.plan import GPU, plan
 from shoal.planner.presets import PRESETS, preset_for_model
 from shoal.planner.result import CapacityPlan
+from shoal.schema.quantity import parse_quantity
 
 # The spec field to change for each rule of the planner.
 RULE_FIELDS = {
@@ -73,7 +73,9 @@ def plan_spec(spec: VLLMClusterSpec) -> CapacityPlan | None:
     arch = resolve_architecture(spec.model)
     if arch is None:
         return None
-    result = plan(arch, gpu_of(spec), layout_of(spec), max_model_len=spec.engine.max_model_len)
+    result = plan(
+        arch, gpu_of(spec), layout=layout_of(spec), max_model_len=spec.engine.max_model_len
+    )
     for refusal in result.refusals:
         refusal.field = RULE_FIELDS.get(refusal.rule)
     return result
