@@ -20,7 +20,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -30,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from shoal.procs import LocalProcess, start_operator, start_sim, wait_until
 from shoal_testbed import nodes
 from shoal_testbed.cluster import DEFAULT_DIR, REPO, Testbed
 
@@ -58,7 +58,7 @@ class Bench:
     def __init__(self, bed: Testbed, work: Path) -> None:
         self.bed = bed
         self.work = work
-        self.operator: subprocess.Popen[bytes] | None = None
+        self.operator: LocalProcess | None = None
 
     def kubectl(self, *args: str, input_text: str | None = None) -> str:
         return self.bed.kubectl(*args, input_text=input_text)
@@ -77,20 +77,16 @@ class Bench:
             "-f",
             str(REPO / "charts/shoal/crds/vllmclusters.serving.shoal.dev.yaml"),
         )
-        env = {**os.environ, "KUBECONFIG": str(self.bed.kubeconfig)}
-        log = open(self.work / "operator.log", "ab")  # noqa: SIM115 (lives as long as the process)
-        self.operator = subprocess.Popen(
-            [sys.executable, "-m", "shoal.cli", "operator", "--namespace", "shoal-bench-*"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
+        self.operator = start_operator(
+            kubeconfig=self.bed.kubeconfig,
+            namespaces=["shoal-bench-*"],
+            log=self.work / "operator.log",
         )
         time.sleep(3)
 
     def stop_operator(self) -> None:
-        if self.operator is not None and self.operator.poll() is None:
-            self.operator.terminate()
-            self.operator.wait(timeout=30)
+        if self.operator is not None:
+            self.operator.stop()
 
     def rss(self) -> tuple[int, int]:
         """(VmRSS, VmHWM) of the operator in KiB."""
@@ -104,7 +100,10 @@ class Bench:
     def namespace(self) -> str:
         name = f"shoal-bench-{uuid.uuid4().hex[:6]}"
         self.kubectl("create", "namespace", name)
-        wait(lambda: self.kubectl("get", "sa", "default", "-n", name), 60)
+        wait_until(
+            lambda: self.kubectl("get", "sa", "default", "-n", name),
+            what=f"the default ServiceAccount in {name}",
+        )
         return name
 
     def audit_offset(self) -> int:
@@ -136,15 +135,6 @@ class Bench:
     def ready(self, ns: str, name: str, replicas: int) -> bool:
         status = self.json("vllmcluster", name, "-n", ns).get("status", {})
         return status.get("warmReplicas") == replicas and status.get("replicas") == replicas
-
-
-def wait(probe: Any, timeout: float, interval: float = 0.05) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if probe():
-            return time.monotonic() - start
-        time.sleep(interval)
-    raise TimeoutError(f"not done after {timeout}s")
 
 
 def creation_seconds(bench: Bench, ns: str, name: str, offset: int) -> float:
@@ -186,8 +176,13 @@ def measure_apply(bench: Bench, runs: int) -> None:
         offset = bench.audit_offset()
         start = time.monotonic()
         bench.apply(ns, cluster(name))
-        ready = wait(lambda name=name: bench.ready(ns, name, 2), 120, 0.1)
-        ready += time.monotonic() - start - ready  # wall time from before kubectl apply
+        wait_until(
+            lambda name=name: bench.ready(ns, name, 2),
+            what=f"{name} READY 2",
+            timeout=120,
+            interval=0.1,
+        )
+        ready = time.monotonic() - start  # wall time from before kubectl apply
         time.sleep(1)  # let the audit log catch up
         created = creation_seconds(bench, ns, name, offset)
         print(
@@ -206,7 +201,7 @@ def measure_changes(bench: Bench, idle_seconds: float) -> None:
     def phase(title: str, action: Any, done: Any, settle: float = 3.0) -> None:
         offset = bench.audit_offset()
         action()
-        wait(done, 180, 0.2)
+        wait_until(done, what=f"{title} done", timeout=180, interval=0.2)
         time.sleep(settle)
         passes, writes = bench.operator_requests(ns, offset)
         listed = ", ".join(f"{k} x{v}" for k, v in sorted(writes.items())) or "none"
@@ -283,7 +278,7 @@ def measure_rss(bench: Bench, clusters: int, replicas: int, idle_seconds: float)
     bench.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(bench_nodes))
     ns = bench.namespace()
     rss_before, _ = bench.rss()
-    sim: subprocess.Popen[bytes] | None = None
+    sim: LocalProcess | None = None
     try:
         start = time.monotonic()
         manifests = [
@@ -308,20 +303,23 @@ def measure_rss(bench: Bench, clusters: int, replicas: int, idle_seconds: float)
                 raise RuntimeError(found["SpecValid"]["message"])
             return "SpecValid" in found
 
-        wait(spec_valid, 60, 0.5)
+        wait_until(spec_valid, what="c00's SpecValid condition", interval=0.5)
 
         def leader_ips() -> list[str]:
             items = bench.json("pods", "-n", ns, "-l", selector)["items"]
             ips = [p["status"].get("podIP") for p in items if p["status"].get("phase") == "Running"]
             return [ip for ip in ips if ip]
 
-        wait(lambda: len(leader_ips()) == needed, 300, 1.0)
-        listen = [arg for ip in leader_ips() for arg in ("--sim-listen", f"{ip}:8000")]
-        log = open(bench.work / "sim.log", "ab")  # noqa: SIM115
-        sim = subprocess.Popen(
-            [sys.executable, "-m", "shoal.cli", "sim", MODEL, "--max-model-len", "8192", *listen],
-            stdout=log,
-            stderr=subprocess.STDOUT,
+        wait_until(
+            lambda: len(leader_ips()) == needed,
+            what=f"{needed} leader pods Running",
+            timeout=300,
+            interval=1.0,
+        )
+        sim = start_sim(
+            [MODEL, "--max-model-len", "8192"],
+            log=bench.work / "sim.log",
+            listen=[f"{ip}:8000" for ip in leader_ips()],
         )
 
         def all_ready() -> bool:
@@ -331,7 +329,7 @@ def measure_rss(bench: Bench, clusters: int, replicas: int, idle_seconds: float)
                 == clusters
             )
 
-        wait(all_ready, 600, 2.0)
+        wait_until(all_ready, what=f"{clusters} clusters READY", timeout=600, interval=2.0)
         print(f"{clusters} clusters READY {replicas} after {time.monotonic() - start:.0f}s")
         time.sleep(5)
         offset = bench.audit_offset()
@@ -355,8 +353,7 @@ def measure_rss(bench: Bench, clusters: int, replicas: int, idle_seconds: float)
     finally:
         bench.kubectl("delete", "vllmclusters", "--all", "-n", ns, "--wait=true", "--timeout=300s")
         if sim is not None:
-            sim.terminate()
-            sim.wait(timeout=30)
+            sim.stop()
         # Pods first, while kwok still manages their nodes and can finish deleting them.
         bench.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=300s")
         bench.kubectl(

@@ -26,13 +26,14 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import sys
+import tempfile
 import time
-from contextlib import ExitStack
+from pathlib import Path
 
 import httpx
+
+from shoal.procs import HOST, free_ports, start_sim
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -49,24 +50,6 @@ def rss_mib(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
-
-
-def free_ports(count: int) -> list[int]:
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-
-
-async def wait_healthy(client: httpx.AsyncClient, url: str) -> None:
-    while True:
-        try:
-            if (await client.get(f"{url}/health")).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        await asyncio.sleep(0.05)
 
 
 async def stream_forever(
@@ -109,69 +92,68 @@ async def engine_totals(client: httpx.AsyncClient, urls: list[str]) -> tuple[flo
     return totals[0], totals[1], totals[2]
 
 
-async def main() -> None:
+async def measure(pid: int, urls: list[str], args: argparse.Namespace) -> dict[str, object]:
+    """Idle, then under load: the simulator's CPU and memory, and its engines' pace."""
+    report: dict[str, object] = {}
+    limits = httpx.Limits(max_connections=args.engines * args.streams + 10)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        await asyncio.sleep(2)
+        cpu0, t0 = cpu_seconds(pid), time.monotonic()
+        await asyncio.sleep(5)
+        report["idle_cpu_percent"] = round(
+            100 * (cpu_seconds(pid) - cpu0) / (time.monotonic() - t0), 2
+        )
+        report["idle_rss_mib"] = round(rss_mib(pid), 1)
+
+        tpots: list[float] = []
+        tokens0, itl_sum0, itl_count0 = await engine_totals(client, urls)
+        cpu0, t0 = cpu_seconds(pid), time.monotonic()
+        stop_at = t0 + args.seconds
+        await asyncio.gather(
+            *(
+                stream_forever(client, url, stop_at, tpots)
+                for url in urls
+                for _ in range(args.streams)
+            )
+        )
+        elapsed = time.monotonic() - t0
+        cpu = cpu_seconds(pid) - cpu0
+        tokens, itl_sum, itl_count = await engine_totals(client, urls)
+        step_ms = 6 + 0.08 * args.streams
+        report["load"] = {
+            "streams_per_engine": args.streams,
+            "sim_cpu_percent": round(100 * cpu / elapsed, 1),
+            "rss_mib": round(rss_mib(pid), 1),
+            "output_tokens_per_s": round((tokens - tokens0) / elapsed),
+            "model_tokens_per_s": round(args.engines * args.streams * 1000 / step_ms),
+            "engine_itl_mean_ms": round(1000 * (itl_sum - itl_sum0) / (itl_count - itl_count0), 2),
+            "model_itl_ms": round(step_ms, 2),
+            "client_tpot_median_ms": round(statistics.median(tpots) * 1000, 2) if tpots else None,
+        }
+    return report
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", type=int, default=32)
     parser.add_argument("--streams", type=int, default=2, help="concurrent streams per engine")
     parser.add_argument("--seconds", type=float, default=20)
     args = parser.parse_args()
 
-    ports = free_ports(args.engines)
-    listen = [a for port in ports for a in ("--sim-listen", f"127.0.0.1:{port}")]
-    cmd = [sys.executable, "-m", "shoal.cli", "sim", *listen, "--served-model-name", "sim"]
-    cmd += ["--sim-log-level", "WARNING"]
-    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    log = Path(tempfile.mkdtemp(prefix="sim-fleet-bench-")) / "sim.log"
+    listen = [f"{HOST}:{port}" for port in free_ports(args.engines)]
     started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(*cmd)
-    assert proc.pid is not None
-    report: dict[str, object] = {"engines": args.engines, "profile": "h100-llama3-8b"}
-    try:
-        limits = httpx.Limits(max_connections=args.engines * args.streams + 10)
-        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-            await asyncio.gather(*(wait_healthy(client, url) for url in urls))
-            report["startup_s"] = round(time.monotonic() - started, 2)
-            await asyncio.sleep(2)
-            cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
-            await asyncio.sleep(5)
-            report["idle_cpu_percent"] = round(
-                100 * (cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0), 2
-            )
-            report["idle_rss_mib"] = round(rss_mib(proc.pid), 1)
-
-            tpots: list[float] = []
-            tokens0, itl_sum0, itl_count0 = await engine_totals(client, urls)
-            cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
-            stop_at = t0 + args.seconds
-            await asyncio.gather(
-                *(
-                    stream_forever(client, url, stop_at, tpots)
-                    for url in urls
-                    for _ in range(args.streams)
-                )
-            )
-            elapsed = time.monotonic() - t0
-            cpu = cpu_seconds(proc.pid) - cpu0
-            tokens, itl_sum, itl_count = await engine_totals(client, urls)
-            step_ms = 6 + 0.08 * args.streams
-            report["load"] = {
-                "streams_per_engine": args.streams,
-                "sim_cpu_percent": round(100 * cpu / elapsed, 1),
-                "rss_mib": round(rss_mib(proc.pid), 1),
-                "output_tokens_per_s": round((tokens - tokens0) / elapsed),
-                "model_tokens_per_s": round(args.engines * args.streams * 1000 / step_ms),
-                "engine_itl_mean_ms": round(
-                    1000 * (itl_sum - itl_sum0) / (itl_count - itl_count0), 2
-                ),
-                "model_itl_ms": round(step_ms, 2),
-                "client_tpot_median_ms": round(statistics.median(tpots) * 1000, 2)
-                if tpots
-                else None,
-            }
-    finally:
-        proc.terminate()
-        await proc.wait()
+    flags = ["--served-model-name", "sim", "--sim-log-level", "WARNING"]
+    with start_sim(flags, log=log, listen=listen) as sim:
+        sim.wait_http("/health", timeout=120)
+        report: dict[str, object] = {
+            "engines": args.engines,
+            "profile": "h100-llama3-8b",
+            "startup_s": round(time.monotonic() - started, 2),
+        }
+        report.update(asyncio.run(measure(sim.pid, list(sim.urls), args)))
     print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

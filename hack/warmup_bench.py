@@ -32,13 +32,11 @@ import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +44,8 @@ from typing import Any
 import httpx
 import yaml
 
+from shoal.bench.stats import percentile
+from shoal.procs import LocalProcess, http_status, start_operator, wait_until
 from shoal_testbed.cluster import DEFAULT_DIR, REPO, Testbed
 
 MODEL = "meta-llama/Meta-Llama-3-8B-Instruct"
@@ -170,7 +170,7 @@ def read_counters(client: httpx.Client, ip: str) -> Counters | None:
 class Bench:
     def __init__(self, bed: Testbed, work: Path) -> None:
         self.bed, self.work = bed, work
-        self.operator: subprocess.Popen[bytes] | None = None
+        self.operator: LocalProcess | None = None
 
     def kubectl(self, *args: str, input_text: str | None = None, check: bool = True) -> str:
         return self.bed.kubectl(*args, input_text=input_text, check=check)
@@ -182,28 +182,23 @@ class Bench:
         crd = REPO / "charts/shoal/crds/vllmclusters.serving.shoal.dev.yaml"
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
         self.kubectl("wait", "--for=condition=Established", "crd/vllmclusters.serving.shoal.dev")
-        env = {**os.environ, "KUBECONFIG": str(self.bed.kubeconfig)}
-        log = open(self.work / "operator.log", "ab")  # noqa: SIM115 (lives as long as the process)
-        self.operator = subprocess.Popen(
-            [sys.executable, "-m", "shoal.cli", "operator", "--namespace", f"{NS_PREFIX}-*"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
+        self.operator = start_operator(
+            kubeconfig=self.bed.kubeconfig,
+            namespaces=[f"{NS_PREFIX}-*"],
+            log=self.work / "operator.log",
         )
 
     def stop_operator(self) -> None:
-        if self.operator is not None and self.operator.poll() is None:
-            self.operator.terminate()
-            try:
-                self.operator.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.operator.kill()
-                self.operator.wait()
+        if self.operator is not None:
+            self.operator.stop()
 
     def namespace(self, mode: str) -> str:
         name = f"{NS_PREFIX}-{mode}-{uuid.uuid4().hex[:6]}"
         self.kubectl("create", "namespace", name)
-        wait(lambda: self.kubectl("get", "sa", "default", "-n", name, check=False), 60)
+        wait_until(
+            lambda: self.kubectl("get", "sa", "default", "-n", name, check=False),
+            what=f"the default ServiceAccount in {name}",
+        )
         return name
 
     def delete(self, ns: str) -> None:
@@ -226,20 +221,10 @@ class Bench:
             labels = pod["metadata"].get("labels", {})
             ip = pod.get("status", {}).get("podIP")
             if labels.get("app.kubernetes.io/component") == "router" and ip:
-                with suppress(httpx.HTTPError):
-                    if httpx.get(f"http://{ip}:8000/ready", timeout=2).status_code == 200:
-                        return f"http://{ip}:8000"
+                url = f"http://{ip}:8000"
+                if http_status(url + "/ready") == 200:
+                    return url
         return None
-
-
-def wait(probe: Any, timeout: float, interval: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(interval)
-    raise TimeoutError(f"not done after {timeout:.0f}s")
 
 
 def condition(pod: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -290,22 +275,14 @@ class Result:
     warmup_message: str = ""
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    k = min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))
-    return ordered[k]
-
-
 def run(bench: Bench, args: argparse.Namespace, mode: str, prompts: list[str]) -> Result:
     result = Result(mode)
     ns = bench.namespace(mode)
     try:
         payload = yaml.safe_dump(manifest(args, mode == "on", prompts))
         bench.kubectl("apply", "-n", ns, "-f", "-", input_text=payload)
-        wait(lambda: bench.ready(ns, 2), 180, 0.5)
-        url = wait(lambda: bench.router_url(ns), 60)
+        wait_until(lambda: bench.ready(ns, 2), what="2 replicas warm", timeout=180, interval=0.5)
+        url = wait_until(lambda: bench.router_url(ns), what="the router Ready")
         # Prime: the serving fleet holds every tenant's system prompt.
         with httpx.Client(timeout=60) as client:
             for pod in bench.pods(ns).values():
@@ -390,10 +367,11 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         fails = sum(1 for s in r.window if s.ttft is None)
         hit = "n/a" if r.first_hit_rate is None else f"{r.first_hit_rate:.2f}"
         print(
-            f"{r.mode:8} {len(r.window):5d} {fails:4d} {pct(ttfts, 50):7.1f} "
-            f"{pct(ttfts, 90):7.1f} {pct(ttfts, 99):7.1f} {max(ttfts, default=0):7.1f} "
-            f"{pct(old, 99):7.1f} "
-            f"{len(new):8d} {pct(new, 99):8.1f} {max(new, default=0):8.1f} {hit:>9} "
+            f"{r.mode:8} {len(r.window):5d} {fails:4d} {percentile(ttfts, 50):7.1f} "
+            f"{percentile(ttfts, 90):7.1f} {percentile(ttfts, 99):7.1f} "
+            f"{max(ttfts, default=0):7.1f} "
+            f"{percentile(old, 99):7.1f} "
+            f"{len(new):8d} {percentile(new, 99):8.1f} {max(new, default=0):8.1f} {hit:>9} "
             f"{r.unready_running_seconds:9.1f}"
         )
     for r in results:

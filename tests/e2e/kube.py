@@ -3,31 +3,17 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
+from shoal.procs import wait_until as wait_for
 from shoal_testbed.cluster import Testbed
 
-T = TypeVar("T")
-
-
-def wait_for(
-    probe: Callable[[], T | None], *, what: str, timeout: float = 60.0, interval: float = 0.25
-) -> T:
-    """Poll probe() until it returns something truthy, and return that."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+__all__ = ["apply", "condition", "get_json", "namespace", "pod_if", "pods", "wait_for"]
 
 
 def get_json(bed: Testbed, *args: str) -> Any:

@@ -5,17 +5,14 @@ to read what it built."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from shoal.api.crd import CRD_NAME, CRD_PATHS
+from shoal.procs import LocalProcess, http_status, start_operator
 from shoal_testbed.cluster import Testbed
 from tests.e2e.kube import get_json, wait_for
 
@@ -43,39 +40,11 @@ def install_crd(bed: Testbed) -> None:
     bed.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
 
 
-class Operator:
-    def __init__(self, process: subprocess.Popen[bytes], log: Path) -> None:
-        self.process = process
-        self.log = log
-
-    def wait_exit(self, timeout: float) -> int:
-        return self.process.wait(timeout=timeout)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-@contextmanager
 def operator(
     bed: Testbed, log: Path, *, namespaces: Sequence[str], extra: Sequence[str] = ()
-) -> Iterator[Operator]:
-    argv = [sys.executable, "-m", "shoal.cli", "operator", "--log-level", "INFO"]
-    for pattern in namespaces:
-        argv += ["--namespace", pattern]
-    env = {**os.environ, "KUBECONFIG": str(bed.kubeconfig)}
-    with open(log, "ab") as out:
-        process = subprocess.Popen([*argv, *extra], stdout=out, stderr=subprocess.STDOUT, env=env)
-    running = Operator(process, log)
-    try:
-        yield running
-    finally:
-        running.stop()
+) -> LocalProcess:
+    """The operator with the admin kubeconfig; `with` stops it on leaving."""
+    return start_operator(kubeconfig=bed.kubeconfig, namespaces=namespaces, log=log, args=extra)
 
 
 def cluster_manifest(
@@ -166,11 +135,8 @@ def router_url(bed: Testbed, ns: str, name: str) -> str:
             ip = pod.get("status", {}).get("podIP")
             if labels.get("app.kubernetes.io/component") == "router" and ip:
                 url = f"http://{ip}:8000"
-                try:
-                    if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                        return url
-                except httpx.HTTPError:
-                    pass
+                if http_status(url + "/ready") == 200:
+                    return url
         return None
 
     return wait_for(ready_router, what=f"{name}'s router answering /ready", timeout=60)
@@ -202,7 +168,7 @@ def delete_clusters(bed: Testbed, ns: str) -> None:
             what=f"VLLMClusters in {ns} deleted",
             timeout=20,
         )
-    except AssertionError:
+    except TimeoutError:
         for item in get_json(bed, "vllmclusters", "-n", ns)["items"]:
             name = item["metadata"]["name"]
             patch = json.dumps({"metadata": {"finalizers": None}})

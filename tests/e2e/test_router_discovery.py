@@ -5,8 +5,6 @@ not-Ready or is deleted, and the router recovers after its watch breaks."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from shoal.procs import http_status, start_router
 from shoal_testbed.cluster import Testbed
 from tests.e2e.kube import apply, get_json, namespace, pods, wait_for
-from tests.integration.procs import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -69,49 +67,26 @@ def set_gate(bed: Testbed, ns: str, pod: str, status: str) -> None:
 
 @contextmanager
 def router_process(bed: Testbed, ns: str, tmp: Path) -> Iterator[str]:
-    port = free_port()
-    config = tmp / "router.json"
-    config.write_text('{"policy": "round-robin"}')
-    env = {**os.environ, "KUBECONFIG": str(bed.kubeconfig)}
-    with open(tmp / "router.log", "wb") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "shoal.cli",
-                "router",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--config",
-                str(config),
-                "--kubernetes",
-                "--namespace",
-                ns,
-                "--selector",
-                "app=eng",
-                "--engine-port",
-                "8000",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _get(url + "/health") == 200, what="router /health", timeout=20)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-def _get(url: str) -> int | None:
-    try:
-        return httpx.get(url, timeout=2).status_code
-    except httpx.HTTPError:
-        return None
+    """A router that discovers the `app=eng` pods of ns through the API server."""
+    discovery = [
+        "--kubernetes",
+        "--namespace",
+        ns,
+        "--selector",
+        "app=eng",
+        "--engine-port",
+        "8000",
+    ]
+    with start_router(
+        log=tmp / "router.log",
+        config={"policy": "round-robin"},
+        args=discovery,
+        env={**os.environ, "KUBECONFIG": str(bed.kubeconfig)},
+        log_level="INFO",
+    ) as router:
+        # /health, not /ready: no pod is routable yet.
+        router.wait_http("/health", timeout=20)
+        yield router.url
 
 
 def _uid(bed: Testbed, ns: str, pod: str) -> str:
@@ -148,17 +123,17 @@ def test_router_routes_only_to_ready_pods_and_survives_a_broken_watch(
         for pod in running:
             ip = pod["status"]["podIP"]
             wait_for(
-                lambda ip=ip: _get(f"http://{ip}:8000/health") == 200,
+                lambda ip=ip: http_status(f"http://{ip}:8000/health") == 200,
                 what=f"simulator at {ip}",
                 timeout=30,
             )
         with router_process(testbed, ns, tmp_path) as url:
             # Engines answer, but their warm-up gate is not set: nothing routable.
-            assert _get(url + "/ready") == 503
+            assert http_status(url + "/ready") == 503
             assert placements(url, 1) == ["HTTP 503"]
 
             set_gate(testbed, ns, "eng-0", "True")
-            wait_for(lambda: _get(url + "/ready") == 200, what="eng-0 routable")
+            wait_for(lambda: http_status(url + "/ready") == 200, what="eng-0 routable")
             assert set(placements(url, 4)) == {"eng-0"}
 
             set_gate(testbed, ns, "eng-1", "True")
@@ -179,7 +154,9 @@ def test_router_routes_only_to_ready_pods_and_survives_a_broken_watch(
             )
             # The new eng-1 is a new, cold replica: not Ready until its gate is set.
             wait_for(
-                lambda: _get(url + "/ready") == 503, what="router drops deleted eng-1", timeout=30
+                lambda: http_status(url + "/ready") == 503,
+                what="router drops deleted eng-1",
+                timeout=30,
             )
             set_gate(testbed, ns, "eng-1", "True")
             wait_for(

@@ -1,72 +1,50 @@
-"""Start `shoal sim` and `shoal router` processes on loopback for tests."""
+"""`shoal sim` and `shoal router` processes on loopback for the integration
+tests, on shoal.procs (which starts, waits for and stops them)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from shoal.bench.local import free_ports
+from shoal.procs import (
+    HOST,
+    LocalProcess,
+    free_port,
+    start_router,
+    start_sim,
+    wait_http,
+    wait_scraped,
+)
+
+__all__ = [
+    "MODEL",
+    "Engines",
+    "engine_metric",
+    "free_port",
+    "router",
+    "set_fault",
+    "sims",
+    "wait_http",
+    "wait_scraped",
+]
 
 MODEL = "m"
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
-
-
-def wait_http(
-    url: str, *, timeout: float = 20.0, process: subprocess.Popen[bytes] | None = None
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with {process.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} not answering 200 after {timeout}s")
-
-
-def start_shoal(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
-    """`shoal ARGS...` with its output appended to log."""
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "shoal.cli", *args], stdout=out, stderr=subprocess.STDOUT
-        )
-
-
-def stop_process(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 class Engines(list[str]):
     """URLs of running simulated engines, with their processes."""
 
-    def __init__(self, urls: list[str], processes: list[subprocess.Popen[bytes]]) -> None:
-        super().__init__(urls)
+    def __init__(self, processes: list[LocalProcess]) -> None:
+        super().__init__(p.url for p in processes)
         self.processes = processes
 
     def kill(self, index: int) -> None:
         """SIGKILL one engine, as a crash would."""
         self.processes[index].kill()
-        self.processes[index].wait()
 
 
 @contextmanager
@@ -74,35 +52,19 @@ def sims(
     count: int, tmp: Path, *, extra: Sequence[str] = (), time_scale: float = 20.0
 ) -> Iterator[Engines]:
     """`count` simulated engines, one process each (so one can be killed)."""
-    processes, urls = [], []
-    try:
-        for i in range(count):
-            port = free_port()
-            processes.append(
-                start_shoal(
-                    [
-                        "sim",
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(port),
-                        "--served-model-name",
-                        MODEL,
-                        "--sim-time-scale",
-                        str(time_scale),
-                        "--sim-fault-api",
-                        *extra,
-                    ],
-                    tmp / f"sim-{i}.log",
+    args = ["--served-model-name", MODEL, "--sim-time-scale", str(time_scale), "--sim-fault-api"]
+    with ExitStack() as stack:
+        processes = [
+            stack.enter_context(
+                start_sim(
+                    [*args, *extra], log=tmp / f"sim-{i}.log", listen=[f"{HOST}:{free_port()}"]
                 )
             )
-            urls.append(f"http://127.0.0.1:{port}")
-        for url, process in zip(urls, processes, strict=True):
-            wait_http(url + "/health", process=process)
-        yield Engines(urls, processes)
-    finally:
+            for i in range(count)
+        ]
         for process in processes:
-            stop_process(process)
+            process.wait_http("/health", timeout=20)
+        yield Engines(processes)
 
 
 @contextmanager
@@ -113,47 +75,11 @@ def router(
     config: dict[str, Any] | None = None,
     name: str = "router",
 ) -> Iterator[str]:
-    port = free_port()
-    path = tmp / f"{name}.json"
-    path.write_text(json.dumps(config or {}))
-    process = start_shoal(
-        [
-            "router",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--config",
-            str(path),
-            "--endpoints",
-            ",".join(endpoints),
-            "--log-level",
-            "WARNING",
-        ],
-        tmp / f"{name}.log",
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/ready", process=process)
-        yield url
-    finally:
-        stop_process(process)
-
-
-def wait_scraped(front: str, engines: Sequence[str], *, timeout: float = 10.0) -> None:
-    """Until the router has scraped every engine once and seen it idle: its
-    /ready needs no scrape, and an engine it has not scraped yet counts as
-    fully loaded (so a test that kills one at once could find it never tried)."""
-    idle = [
-        f'shoal_router_load_score{{replica="{u.removeprefix("http://")}"}} 0.0' for u in engines
-    ]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        metrics = httpx.get(front + "/metrics", timeout=5).text
-        if all(line in metrics for line in idle):
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"{front} had not scraped every engine after {timeout}s")
+    """A router over endpoints on router.json `config` (its defaults: {}),
+    once it is Ready."""
+    with start_router(log=tmp / f"{name}.log", config=config or {}, endpoints=endpoints) as front:
+        front.wait_http("/ready", timeout=20)
+        yield front.url
 
 
 def engine_metric(url: str, name: str) -> float:

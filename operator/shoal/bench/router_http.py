@@ -49,14 +49,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import uvloop
 
-from shoal.bench.local import free_ports
+from shoal.bench.stats import percentile
+from shoal.procs import HOST, free_ports, start, start_router, wait_http, wait_scraped
 
 ROUTER_CORE = 0
 LOAD_CORE = 1
@@ -75,28 +75,8 @@ end
 """
 
 
-def _wait(port: int, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(port)
-
-
-@contextmanager
-def _process(argv: list[str], *, core: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            ["taskset", "-c", str(core), *argv], stdout=out, stderr=subprocess.STDOUT
-        )
-    try:
-        yield process
-    finally:
-        process.terminate()
-        process.wait(timeout=15)
+def _taskset(core: int) -> list[str]:
+    return ["taskset", "-c", str(core)]
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -342,10 +322,8 @@ async def _streams(
 
 
 def _pct(samples_ns: list[int], q: int) -> float:
-    if not samples_ns:
-        return float("nan")
-    ordered = sorted(samples_ns)
-    return round(ordered[min(len(ordered) - 1, len(ordered) * q // 100)] / 1e6, 3)
+    """The q-th percentile in milliseconds (NaN when empty)."""
+    return round(percentile(samples_ns, q) / 1e6, 3)
 
 
 def _median_of(rounds: list[dict[str, Any]], key: str) -> float:
@@ -487,11 +465,14 @@ def main() -> None:
     os.sched_setaffinity(0, {LOAD_CORE})
     tmp = Path(tempfile.mkdtemp(prefix="shoal-bench-"))
     up_port, router_port, relay_port = free_ports(3)
-    python = sys.executable
+    upstream_url = f"http://{HOST}:{up_port}"
+    relay = [sys.executable, "-m", "shoal.bench.router_http", "--serve-relay"]
+    relay_argv = [*relay, str(relay_port), str(up_port)] if args.floor else ["sleep", "infinity"]
     with (
-        _process(
+        start(
             [
-                python,
+                *_taskset(LOAD_CORE),
+                sys.executable,
                 "-m",
                 "shoal.bench.instant_upstream",
                 "--port",
@@ -501,48 +482,24 @@ def main() -> None:
                 "--interval",
                 str(args.interval),
             ],
-            core=LOAD_CORE,
             log=tmp / "upstream.log",
+            urls=[upstream_url],
         ) as upstream_proc,
-        _process(
-            [
-                python,
-                "-m",
-                "shoal.cli",
-                "router",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(router_port),
-                "--endpoints",
-                f"http://127.0.0.1:{up_port}",
-                "--policy",
-                "cache-aware",
-                "--log-level",
-                "WARNING",
-                *args.router_args.split(),
-            ],
-            core=ROUTER_CORE,
+        start_router(
             log=tmp / "router.log",
+            config={"policy": "cache-aware"},
+            endpoints=[upstream_url],
+            port=router_port,
+            args=args.router_args.split(),
+            prefix=_taskset(ROUTER_CORE),
         ) as router_proc,
-        _process(
-            [
-                python,
-                "-m",
-                "shoal.bench.router_http",
-                "--serve-relay",
-                str(relay_port),
-                str(up_port),
-            ]
-            if args.floor
-            else ["sleep", "infinity"],
-            core=ROUTER_CORE,
-            log=tmp / "relay.log",
-        ) as relay_proc,
+        start([*_taskset(ROUTER_CORE), *relay_argv], log=tmp / "relay.log") as relay_proc,
     ):
-        _wait(up_port)
-        _wait(router_port)
-        time.sleep(1.0)  # let the first scrapes land
+        upstream_proc.wait_http("/health", timeout=15)
+        router_proc.wait_http("/ready", timeout=15)
+        wait_scraped(router_proc.url, [upstream_url])
+        if args.floor:
+            wait_http(f"http://{HOST}:{relay_port}/health", timeout=15, process=relay_proc)
         pids = {
             "router_cpu": router_proc.pid,
             "upstream_cpu": upstream_proc.pid,

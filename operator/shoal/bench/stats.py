@@ -2,9 +2,16 @@
 
 Latencies in milliseconds: TTFT (time to first token), TPOT (time per output
 token after the first, per request), ITL (every gap between streamed chunks,
-pooled over requests) and E2EL (end to end). Percentiles interpolate
-linearly, as numpy's default (which vLLM uses). Throughputs count completed
+pooled over requests) and E2EL (end to end). Throughputs count completed
 requests only, over the run's duration.
+
+`percentile` is the one percentile every shoal benchmark reports (the
+harness, the router benchmarks, the warm-up benchmark): `vllm bench serve`'s,
+which is `np.percentile` with numpy's default method, "linear": the p-th
+percentile of n sorted values sits at rank (n - 1) * p / 100, interpolated
+between its two neighbours. So p50 is the median, p100 the maximum, and a
+shoal p99 compares with a vLLM one. Written out here, without numpy, so the
+router benchmarks need nothing beyond the router's own dependencies.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ PERCENTILES = (50, 90, 99)
 
 
 def percentile(values: Sequence[float], p: float) -> float:
-    """The p-th percentile (0-100) by linear interpolation; NaN when empty."""
+    """The p-th percentile (0-100) as `np.percentile(values, p)`; NaN when empty."""
     if not values:
         return math.nan
     ordered = sorted(values)
