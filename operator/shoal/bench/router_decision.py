@@ -15,13 +15,14 @@ import random
 import resource
 import time
 
+from shoal.api.router import RouterPolicy
 from shoal.bench.stats import percentile
-from shoal.router.config import Policy, RouterConfig
+from shoal.engine.metrics import MetricsSnapshot
+from shoal.router.config import RouterConfig
 from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.heap import settle
 from shoal.router.policy import Chooser
 from shoal.router.prefix import prefix_key, request_facts
-from shoal.router.signals import EngineSignals
 
 
 def _prompt(rng: random.Random, shared: list[str], chars: int) -> str:
@@ -31,7 +32,7 @@ def _prompt(rng: random.Random, shared: list[str], chars: int) -> str:
 
 
 def decision_times(
-    *, replicas: int, prompt_chars: int, requests: int, policy: Policy, seed: int = 0
+    *, replicas: int, prompt_chars: int, requests: int, policy: RouterPolicy, seed: int = 0
 ) -> list[float]:
     settle()  # as the router does once it is up, before its fleet and index fill
     rng = random.Random(seed)
@@ -43,7 +44,7 @@ def decision_times(
     )
     now = time.monotonic()
     for i, replica in enumerate(fleet.replicas.values()):
-        signals = EngineSignals(
+        signals = MetricsSnapshot(
             running=rng.randint(0, 200), waiting=rng.randint(0, 5), kv_usage=rng.uniform(0.1, 0.8)
         )
         fleet.record_scrape(replica.id, signals, now + 3600)  # stays fresh during the run
@@ -56,8 +57,8 @@ def decision_times(
     for _ in range(2000):  # warm the prefix index
         key = prefix_key(
             _prompt(rng, shared, prompt_chars),
-            block_chars=config.block_chars,
-            max_blocks=config.max_prefix_blocks,
+            block_chars=config.thresholds.prefix_block_chars,
+            max_blocks=config.thresholds.max_prefix_blocks,
         )
         fleet.index.record(rng.choice(ids), key.hashes)
     samples = []
@@ -65,7 +66,9 @@ def decision_times(
     for prompt in prompts:
         started = time.perf_counter()
         key = prefix_key(
-            prompt, block_chars=config.block_chars, max_blocks=config.max_prefix_blocks
+            prompt,
+            block_chars=config.thresholds.prefix_block_chars,
+            max_blocks=config.thresholds.max_prefix_blocks,
         )
         facts = request_facts(prompt, key, config)
         choice, _ = fleet.decide(chooser, key, facts)
@@ -97,7 +100,7 @@ def index_memory(*, prefixes: int, replicas: int, blocks_per_prompt: int) -> dic
         if n in marks:
             curve[n] = round(_rss_mib(), 1)
     after = _rss_mib()
-    bound = replicas * config.index_blocks_per_replica
+    bound = replicas * config.thresholds.index_blocks_per_replica
     return {
         "prefixes": prefixes,
         "index_blocks": len(fleet.index),
@@ -127,7 +130,7 @@ def main() -> None:
     # Memory first, in a fresh heap: 1M distinct prompts of 8 checkpoints each.
     memory = index_memory(prefixes=args.prefixes, replicas=args.replicas, blocks_per_prompt=8)
     results: dict[str, object] = {}
-    for policy in (Policy.CACHE_AWARE, Policy.SESSION, Policy.ROUND_ROBIN):
+    for policy in (RouterPolicy.CACHE_AWARE, RouterPolicy.SESSION, RouterPolicy.ROUND_ROBIN):
         samples = decision_times(
             replicas=args.replicas,
             prompt_chars=args.prompt_chars,
