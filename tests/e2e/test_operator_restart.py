@@ -1,6 +1,8 @@
-"""An operator that dies mid-reconcile (killed by a test hook right after it
-applied the first engine StatefulSet) and starts again converges: the fleet
-completes, nothing is created twice, and what existed is kept, not replaced."""
+"""An operator that dies mid-reconcile (SIGKILLed from outside once the API
+server shows its first engine StatefulSet, while a quota holds back the
+rest) and starts again converges: the fleet completes, nothing is created
+twice, and what existed is kept, not replaced. A restarted operator also
+keeps a spent restart budget."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from shoal.controller.context import TEST_HOOK_EXIT_CODE
 from shoal_testbed.cluster import Testbed
 from tests.e2e.kube import apply, get_json, namespace, wait_for
 from tests.e2e.operator_env import (
@@ -28,6 +29,17 @@ pytestmark = pytest.mark.e2e
 PATTERN = "shoal-rs"
 
 
+# One StatefulSet per namespace: the operator's pass creates the first engine
+# StatefulSet and is refused the second, before the router's Deployment, so
+# the kill lands at the same point of the reconcile on every run.
+ONE_STATEFULSET = {
+    "apiVersion": "v1",
+    "kind": "ResourceQuota",
+    "metadata": {"name": "one-statefulset"},
+    "spec": {"hard": {"count/statefulsets.apps": "1"}},
+}
+
+
 def test_an_operator_killed_after_the_first_statefulset_converges_without_duplicates(
     testbed: Testbed, tmp_path: Path
 ) -> None:
@@ -35,13 +47,28 @@ def test_an_operator_killed_after_the_first_statefulset_converges_without_duplic
     log = tmp_path / "operator.log"
     with namespace(testbed, PATTERN) as ns:
         try:
-            hook = ["--test-exit-after-apply", "fleet-r0"]
-            with operator(testbed, log, namespaces=[f"{PATTERN}-*"], extra=hook) as crashing:
+            apply(testbed, ns, ONE_STATEFULSET)
+            # The API server refuses every create the quota covers until the
+            # quota controller has counted what exists.
+            wait_for(
+                lambda: (
+                    get_json(testbed, "resourcequota", "one-statefulset", "-n", ns)
+                    .get("status", {})
+                    .get("hard")
+                ),
+                what="the quota counted",
+            )
+            with operator(testbed, log, namespaces=[f"{PATTERN}-*"]) as first:
                 apply(testbed, ns, cluster_manifest("fleet", replicas=3, tensor=4))
-                assert crashing.wait_exit(timeout=60) == TEST_HOOK_EXIT_CODE
+                wait_for(
+                    lambda: children(testbed, ns, "fleet", "statefulsets"),
+                    what="the first engine StatefulSet applied",
+                )
+                first.kill()
             assert names(children(testbed, ns, "fleet", "statefulsets")) == ["fleet-r0"]
             assert not children(testbed, ns, "fleet", "deployments")
-            first = get_json(testbed, "statefulset", "fleet-r0", "-n", ns)["metadata"]["uid"]
+            first_uid = get_json(testbed, "statefulset", "fleet-r0", "-n", ns)["metadata"]["uid"]
+            testbed.kubectl("delete", "resourcequota", "one-statefulset", "-n", ns)
 
             with operator(testbed, log, namespaces=[f"{PATTERN}-*"]):
                 wait_ready(testbed, ns, "fleet", 3)
@@ -52,7 +79,7 @@ def test_an_operator_killed_after_the_first_statefulset_converges_without_duplic
                 ]
                 assert (
                     get_json(testbed, "statefulset", "fleet-r0", "-n", ns)["metadata"]["uid"]
-                    == first
+                    == first_uid
                 )
                 pods = children(testbed, ns, "fleet", "pods")
                 engines = [

@@ -58,8 +58,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     parser.add_argument("--metrics-host", default="0.0.0.0")
     parser.add_argument("--log-level", default="INFO")
-    # Test hook: exit right after applying the object of this name.
-    parser.add_argument("--test-exit-after-apply", metavar="NAME", help=argparse.SUPPRESS)
     parser.set_defaults(func=run)
 
 
@@ -76,9 +74,7 @@ async def peering_installed(kube: KubeApi, *, clusterwide: bool) -> bool:
 
 
 async def operate(args: argparse.Namespace) -> None:
-    settings = ControllerSettings(
-        router_image=args.router_image, exit_after_apply=args.test_exit_after_apply
-    )
+    settings = ControllerSettings(router_image=args.router_image)
     metrics = OperatorMetrics()
     ctx = OperatorContext(
         settings=settings, post_event=metrics.counting(post_event), metrics=metrics

@@ -5,7 +5,6 @@ wake the cluster's reconcile loop), and each cluster's small memory."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,16 +22,10 @@ from shoal.controller.warming import Warmups
 ClusterKey = tuple[str, str]  # namespace, name
 PostEvent = Callable[[Any, Event], None]
 
-# The exit status of the test hook's deliberate crash.
-TEST_HOOK_EXIT_CODE = 86
-
 
 @dataclass(frozen=True)
 class ControllerSettings:
     router_image: str
-    # Test hook: exit abruptly right after applying the object of this name, so
-    # a test can restart the operator at a known point mid-reconcile.
-    exit_after_apply: str | None = None
 
 
 class Wakeups:
@@ -94,10 +87,6 @@ class OperatorContext:
         self.probe = EngineProbe(self.engine)
         self.warmups = Warmups(engine=self.engine)
         self.health = HealthChecks(engine=self.engine)
-
-    def after_apply(self, name: str) -> None:
-        if self.settings.exit_after_apply == name:
-            os._exit(TEST_HOOK_EXIT_CODE)
 
     def forget(self, ref: ClusterRef) -> None:
         """Stop the background work of a cluster no longer watched."""

@@ -293,7 +293,6 @@ async def _apply(ctx: OperatorContext, ref: ClusterRef, manifest: Manifest) -> N
     await ctx.kube.apply(stamped(manifest))
     name = manifest["metadata"]["name"]
     cluster_logger(ref.namespace, ref.name).info("applied %s %s", manifest["kind"], name)
-    ctx.after_apply(name)
 
 
 async def _apply_static(
