@@ -45,7 +45,7 @@ import httpx
 import yaml
 
 from shoal.bench.stats import percentile
-from shoal.procs import LocalProcess, http_status, start_operator, wait_until
+from shoal.procs import LocalProcess, ready_router, start_operator, wait_until
 from shoal_testbed.cluster import DEFAULT_DIR, REPO, Testbed
 
 MODEL = "meta-llama/Meta-Llama-3-8B-Instruct"
@@ -217,14 +217,7 @@ class Bench:
         )
 
     def router_url(self, ns: str) -> str | None:
-        for pod in self.pods(ns).values():
-            labels = pod["metadata"].get("labels", {})
-            ip = pod.get("status", {}).get("podIP")
-            if labels.get("app.kubernetes.io/component") == "router" and ip:
-                url = f"http://{ip}:8000"
-                if http_status(url + "/ready") == 200:
-                    return url
-        return None
+        return ready_router(self.pods(ns).values())
 
 
 def condition(pod: dict[str, Any], kind: str) -> dict[str, Any]:

@@ -27,12 +27,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+
+from shoal.controller.names import COMPONENT_ROUTER, LABEL_COMPONENT, ROUTER_PORT
 
 T = TypeVar("T")
 
@@ -100,6 +102,19 @@ def wait_http(url: str, *, timeout: float = 30.0, process: LocalProcess | None =
         interval=0.1,
         process=process,
     )
+
+
+def ready_router(pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """The URL of the first of these pods that is a shoal router answering
+    /ready at its pod IP (where the testbed's pod runner serves it)."""
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        ip = (pod.get("status") or {}).get("podIP")
+        if labels.get(LABEL_COMPONENT) == COMPONENT_ROUTER and ip:
+            url = f"http://{ip}:{ROUTER_PORT}"
+            if http_status(url + "/ready") == 200:
+                return url
+    return None
 
 
 def wait_scraped(router: str, engines: Sequence[str], *, timeout: float = 10.0) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from shoal.api.crd import CRD_NAME, CRD_PATHS
-from shoal.procs import LocalProcess, http_status, start_operator
+from shoal.procs import LocalProcess, ready_router, start_operator
 from shoal_testbed.cluster import Testbed
 from tests.e2e.kube import get_json, wait_for
 
@@ -129,17 +129,11 @@ def condition_of(pod: dict[str, Any], kind: str) -> dict[str, Any]:
 def router_url(bed: Testbed, ns: str, name: str) -> str:
     """The router pod's address (the pod runner runs `shoal router` there)."""
 
-    def ready_router() -> str | None:
-        for pod in children(bed, ns, name, "pods"):
-            labels = pod["metadata"]["labels"]
-            ip = pod.get("status", {}).get("podIP")
-            if labels.get("app.kubernetes.io/component") == "router" and ip:
-                url = f"http://{ip}:8000"
-                if http_status(url + "/ready") == 200:
-                    return url
-        return None
-
-    return wait_for(ready_router, what=f"{name}'s router answering /ready", timeout=60)
+    return wait_for(
+        lambda: ready_router(children(bed, ns, name, "pods")),
+        what=f"{name}'s router answering /ready",
+        timeout=60,
+    )
 
 
 def complete(url: str, prompt: str, *, max_tokens: int = 4) -> httpx.Response:
