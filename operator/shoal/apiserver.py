@@ -8,11 +8,18 @@ ServiceAccount tokens rotate."""
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import kr8s.asyncio
 
 from shoal import __version__
+
+
+def quiet_request_log() -> None:
+    """httpx logs every request at INFO: a long-running process's log would be
+    mostly its API calls. Warnings still show."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def user_agent(component: str) -> dict[str, str]:

@@ -11,6 +11,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from shoal import __version__
+from shoal.apiserver import quiet_request_log
 from shoal.controller.context import ControllerSettings, OperatorContext
 from shoal.controller.handlers import build_registry, build_settings, post_event
 from shoal.controller.kube import ApiError, KubeApi
@@ -104,5 +105,6 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    quiet_request_log()
     asyncio.run(operate(args))
     return 0

@@ -10,6 +10,7 @@ from pathlib import Path
 import uvloop
 
 from shoal.api.router import RouterPolicy
+from shoal.apiserver import quiet_request_log
 from shoal.router.app import Discovery, Router, serve
 from shoal.router.config import RouterConfig
 from shoal.router.keys import KeyFile, KeyFileError
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    quiet_request_log()
     config = RouterConfig.load(args.config)
     if args.policy:
         config = config.model_copy(update={"policy": RouterPolicy(args.policy)})
