@@ -102,7 +102,10 @@ def test_the_api_key_file_flag_overrides_the_config_and_a_missing_file_stops_the
 
 
 def test_oversized_body_is_refused_with_an_openai_error(tmp_path: Path) -> None:
-    with sims(1, tmp_path) as urls, router(urls, tmp_path, config={"maxBodyBytes": 4096}) as front:
+    with (
+        sims(1, tmp_path) as urls,
+        router(urls, tmp_path, config={"maxRequestSize": "4096"}) as front,
+    ):
         big = _post(front, {"model": MODEL, "prompt": "x" * 10_000, "max_tokens": 1})
         assert big.status_code == 413
         assert big.json()["error"]["code"] == 413
