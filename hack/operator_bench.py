@@ -229,32 +229,14 @@ def measure_changes(bench: Bench, idle_seconds: float) -> None:
         images = [p["spec"]["containers"][0]["image"] for p in pods["items"]]
         return images == [image] * 3 and bench.ready(ns, name, 3)
 
-    phase(
-        "image change (3 replicas)",
-        lambda: bench.kubectl(
-            "patch",
-            "vllmcluster",
-            name,
-            "-n",
-            ns,
-            "--type=merge",
-            "-p",
-            json.dumps({"spec": {"image": image}}),
-        ),
-        rolled,
-    )
+    def patch(spec: dict[str, Any]) -> None:
+        change = json.dumps({"spec": spec})
+        bench.kubectl("patch", "vllmcluster", name, "-n", ns, "--type=merge", "-p", change)
+
+    phase("image change (3 replicas)", lambda: patch({"image": image}), rolled)
     phase(
         "router-only change",
-        lambda: bench.kubectl(
-            "patch",
-            "vllmcluster",
-            name,
-            "-n",
-            ns,
-            "--type=merge",
-            "-p",
-            json.dumps({"spec": {"router": {"policy": "round-robin"}}}),
-        ),
+        lambda: patch({"router": {"policy": "round-robin"}}),
         lambda: True,
         settle=5,
     )
