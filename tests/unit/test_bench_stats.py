@@ -11,14 +11,13 @@ import numpy
 import pytest
 
 from shoal.bench.cli import json_safe
-from shoal.bench.compare import knee, knees, operating_point, router_timing
+from shoal.bench.compare import knee, knees, operating_point
 from shoal.bench.driver import Outcome
 from shoal.bench.engines import fleet_report
 from shoal.bench.stats import by_group, errors, percentile, routed, summarize
 from shoal.demo.cli import load_scores
 from shoal.demo.view import Snapshot, client_line, replica_rows
 from shoal.engine.metrics import MetricsSnapshot
-from shoal.router.config import RouterConfig
 
 
 def _done(index: int, *, ttft: float, latency: float, tokens: int, group: str = "all") -> Outcome:
@@ -190,15 +189,6 @@ def test_router_load_scores_are_keyed_by_engine_url() -> None:
         'shoal_router_requests_total{replica="127.0.0.1:8001",code="200"} 3.0\n'
     )
     assert load_scores(text) == {"http://127.0.0.1:8001": 0.25}
-
-
-def test_router_scrapes_in_engine_time_when_engines_run_scaled() -> None:
-    assert router_timing(1.0) == {}, "real time keeps the router's own defaults"
-    slow = router_timing(0.25)  # engines at quarter speed: scrape 4x less often
-    assert slow["scrapeIntervalSeconds"] == pytest.approx(1.0)
-    assert slow["staleAfterSeconds"] == pytest.approx(8.0)
-    # The keys are router.json's own.
-    RouterConfig.model_validate(slow)
 
 
 def test_json_results_have_no_nan() -> None:

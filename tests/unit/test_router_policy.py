@@ -8,9 +8,10 @@ from collections import Counter
 
 import pytest
 
+from shoal.api.router import RouterPolicy
 from shoal.engine.metrics import MetricsSnapshot
 from shoal.router.breaker import CircuitBreaker, CircuitState
-from shoal.router.config import Policy, RouterConfig
+from shoal.router.config import RouterConfig
 from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.index import PrefixIndex
 from shoal.router.policy import Candidate, Chooser, RequestFacts
@@ -87,13 +88,17 @@ def test_one_replica_depth_agrees_with_the_whole_match() -> None:
 def test_policies_that_ignore_hits_still_report_the_chosen_replicas_hit() -> None:
     """Round-robin skips matching the prompt against every replica but its
     choice carries the chosen replica's hit (the prefill estimate needs it)."""
-    config = RouterConfig(policy=Policy.ROUND_ROBIN)
+    config = RouterConfig(policy=RouterPolicy.ROUND_ROBIN)
     fleet = Fleet(config)
     fleet.update(
         [Endpoint(id=f"r{i}", name=f"r{i}", url=f"http://r{i}", routable=True) for i in range(3)]
     )
     prompt = "You are a helpful assistant. " * 40
-    key = prefix_key(prompt, block_chars=config.block_chars, max_blocks=config.max_prefix_blocks)
+    key = prefix_key(
+        prompt,
+        block_chars=config.thresholds.prefix_block_chars,
+        max_blocks=config.thresholds.max_prefix_blocks,
+    )
     facts = request_facts(prompt, key, config)
     fleet.index.record("r1", key.hashes)
     chooser = Chooser(config)
@@ -201,7 +206,7 @@ def test_cold_prompts_spread_by_the_prefill_they_queue() -> None:
 def test_hot_shared_prefix_spreads_under_bounded_load() -> None:
     """Every request shares a prefix the first replica holds; the replicas'
     loads follow what was sent. No replica gets over (1 + eps) x its share."""
-    config = RouterConfig(epsilon=0.25, max_num_seqs=64)
+    config = RouterConfig.model_validate({"thresholds": {"epsilon": 0.25}, "maxNumSeqs": 64})
     chooser = Chooser(config)
     inflight = Counter[str]()
     for n in range(200):
@@ -242,7 +247,9 @@ def test_cold_prefixes_go_by_rendezvous_so_routers_agree() -> None:
 
 
 def test_session_affinity_holds_below_threshold_and_yields_above() -> None:
-    chooser = Chooser(RouterConfig(policy=Policy.SESSION, affinity_threshold=0.7))
+    chooser = Chooser(
+        RouterConfig.model_validate({"policy": "session", "thresholds": {"affinityThreshold": 0.7}})
+    )
     facts = RequestFacts(affinity_key=1, session_key=1234)
     home = chooser.choose(fleet([0.3] * 4), facts)
     assert home is not None
@@ -256,7 +263,7 @@ def test_session_affinity_holds_below_threshold_and_yields_above() -> None:
 
 def test_baseline_policies() -> None:
     facts = RequestFacts(affinity_key=1)
-    rr = Chooser(RouterConfig(policy=Policy.ROUND_ROBIN))
+    rr = Chooser(RouterConfig(policy=RouterPolicy.ROUND_ROBIN))
     assert [rr.choose(fleet([0.5] * 3), facts).replica for _ in range(6)] == [  # type: ignore[union-attr]
         "r0",
         "r1",
@@ -265,21 +272,21 @@ def test_baseline_policies() -> None:
         "r1",
         "r2",
     ]
-    least = Chooser(RouterConfig(policy=Policy.LEAST_REQUEST))
+    least = Chooser(RouterConfig(policy=RouterPolicy.LEAST_REQUEST))
     assert least.choose(fleet([0.5, 0.1, 0.3]), facts).replica == "r1"  # type: ignore[union-attr]
-    load = Chooser(RouterConfig(policy=Policy.LOAD_AWARE))
+    load = Chooser(RouterConfig(policy=RouterPolicy.LOAD_AWARE))
     assert load.choose(fleet([0.5, 0.3, 0.1], [0.0, 0.0, 0.0]), facts).replica == "r2"  # type: ignore[union-attr]
-    p2 = Chooser(RouterConfig(policy=Policy.POWER_OF_TWO), rng=random.Random(1))
+    p2 = Chooser(RouterConfig(policy=RouterPolicy.POWER_OF_TWO), rng=random.Random(1))
     picks = Counter(p2.choose(fleet([0.9, 0.1]), facts).replica for _ in range(20))  # type: ignore[union-attr]
     assert picks == {"r1": 20}
-    prefix = Chooser(RouterConfig(policy=Policy.PREFIX))
+    prefix = Chooser(RouterConfig(policy=RouterPolicy.PREFIX))
     # prefix ignores load (like production-stack's), short of saturation.
     assert prefix.choose(fleet([0.9, 0.1], [1.0, 0.0]), facts).replica == "r0"  # type: ignore[union-attr]
 
 
 def test_saturated_everywhere_means_queue() -> None:
     saturated = [Candidate(f"r{i}", 1.0, True, 300) for i in range(3)]
-    for policy in Policy:
+    for policy in RouterPolicy:
         assert Chooser(RouterConfig(policy=policy)).choose(saturated, RequestFacts(1)) is None
 
 

@@ -157,7 +157,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     compare.add_argument(
         "--router-config",
         type=Path,
-        help="spec.router fields (JSON, camelCase as in a VLLMCluster) for every run; its policy is replaced",
+        help="spec.router fields for every run (JSON, camelCase as in a VLLMCluster); "
+        "its policy is replaced",
     )
     compare.add_argument(
         "--workdir", type=Path, help="where the fleets' logs go (default: a temporary directory)"

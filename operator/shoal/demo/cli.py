@@ -26,7 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.live import Live
 
+from shoal.api.router import RouterPolicy
 from shoal.bench.cli import consoles
+from shoal.bench.deployed import fleet_router_config
 from shoal.bench.driver import OpenLoop, Outcome
 from shoal.bench.engines import scrape
 from shoal.bench.ideal import ideal_hit_rate
@@ -36,9 +38,9 @@ from shoal.bench.plot import plot_results
 from shoal.bench.report import results_table
 from shoal.bench.workloads import Workload, synthetic
 from shoal.demo.view import Snapshot, render
+from shoal.engine.client import EngineClient
 from shoal.sim.profiles import DEFAULT_PROFILE, PROFILES
 
-from shoal.engine.client import EngineClient
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
@@ -88,7 +90,10 @@ def run(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     try:
         for policy in (args.policy, args.baseline):
-            with LocalFleet(spec, policy=policy, workdir=workdir / policy) as fleet:
+            config = fleet_router_config(spec, policy=RouterPolicy(policy))
+            with LocalFleet(
+                spec, policy=policy, workdir=workdir / policy, router_config=config
+            ) as fleet:
                 console.print(
                     f"\n[bold]{policy}[/]: engines {', '.join(fleet.engines)}; "
                     f"router {fleet.router}"

@@ -48,7 +48,11 @@ class Router:
         self.fleet = Fleet(config)
         hot = config.hot_prefixes
         self.hot = (
-            HotPrefixes(top_k=hot.top_k, max_chars=hot.max_chars, block_chars=config.block_chars)
+            HotPrefixes(
+                top_k=hot.max_prefixes,
+                max_chars=hot.max_chars,
+                block_chars=config.thresholds.prefix_block_chars,
+            )
             if hot.enabled
             else None
         )
@@ -206,7 +210,7 @@ async def serve(router: Router, *, host: str, port: int) -> None:
     if router.hot is not None:
         internal = web.AppRunner(router.internal_app(), access_log=None)
         await internal.setup()
-        await web.TCPSite(internal, host, router.config.hot_prefixes.port).start()
+        await web.TCPSite(internal, host, router.config.hot_prefixes_port).start()
         runners.append(internal)
     settle()  # everything built so far lives as long as the process
     log.info("router listening on %s:%d (policy %s)", host, port, router.config.policy)
