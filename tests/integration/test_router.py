@@ -122,7 +122,7 @@ def test_hot_shared_prompt_does_not_pin_one_replica(tmp_path: Path) -> None:
     epsilon, replicas, total = 0.25, 4, 64
     with (
         sims(replicas, tmp_path) as urls,
-        router(urls, tmp_path, config={"epsilon": epsilon}) as front,
+        router(urls, tmp_path, config={"thresholds": {"epsilon": epsilon}}) as front,
     ):
 
         async def drive() -> None:
@@ -322,7 +322,7 @@ def test_clients_hanging_up_mid_stream_cost_their_replica_nothing(tmp_path: Path
 def test_saturated_fleet_queues_then_answers_429(tmp_path: Path) -> None:
     config = {
         "queue": {"maxQueued": 2, "maxWaitSeconds": 5, "retryAfterSeconds": 3},
-        "qNorm": 1,
+        "thresholds": {"qNorm": 1},
         "maxNumSeqs": 1,
     }
     extra = ["--max-num-seqs", "1"]
