@@ -45,6 +45,8 @@ import httpx
 import yaml
 
 from shoal.bench.stats import percentile
+from shoal.engine.errors import BadMetrics
+from shoal.engine.metrics import parse
 from shoal.procs import LocalProcess, ready_router, start_operator, wait_until
 from shoal_testbed.cluster import DEFAULT_DIR, REPO, Testbed
 
@@ -146,22 +148,15 @@ class Counters:
 
 def read_counters(client: httpx.Client, ip: str) -> Counters | None:
     try:
-        text = client.get(f"http://{ip}:8000/metrics").text
-    except httpx.HTTPError:
+        snapshot = parse(client.get(f"http://{ip}:8000/metrics").text)
+    except (httpx.HTTPError, BadMetrics):
         return None
-    values = {"requests": 0.0, "queries": 0.0, "hits": 0.0}
-    names = {
-        "vllm:request_success_total": "requests",
-        "vllm:prefix_cache_queries_total": "queries",
-        "vllm:prefix_cache_hits_total": "hits",
-    }
-    for line in text.splitlines():
-        if line.startswith("#") or not line:
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in names:
-            values[names[name]] += float(line.rsplit(" ", 1)[1])
-    return Counters(time.time(), **values)
+    return Counters(
+        time.time(),
+        requests=snapshot.requests,
+        queries=snapshot.prefix_queries,
+        hits=snapshot.prefix_hits,
+    )
 
 
 # ---- the testbed

@@ -39,6 +39,7 @@ from shoal.bench.report import results_table
 from shoal.bench.workloads import Workload, synthetic
 from shoal.demo.view import Snapshot, render
 from shoal.engine.client import EngineClient
+from shoal.router.metrics import LOAD_SCORE
 from shoal.sim.profiles import DEFAULT_PROFILE, PROFILES
 
 
@@ -142,7 +143,7 @@ def load_scores(text: str) -> dict[str, float]:
     scores = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "shoal_router_load_score":
+            if sample.name == LOAD_SCORE:
                 scores["http://" + sample.labels.get("replica", "")] = sample.value
     return scores
 

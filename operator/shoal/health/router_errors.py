@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-ROUTER_REQUESTS = "shoal_router_requests"
+from shoal.router.metrics import REQUESTS as ROUTER_REQUESTS
+
 NO_REPLICA = "none"
 CLIENT_GONE = "499"
 

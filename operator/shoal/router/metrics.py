@@ -9,6 +9,10 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+# Names other parts read (the operator's health loop, the demo's live view).
+REQUESTS = "shoal_router_requests"
+LOAD_SCORE = "shoal_router_load_score"
+
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _DECISION = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3)
 
@@ -18,7 +22,7 @@ class RouterMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "shoal_router_requests",
+            REQUESTS,
             "Attempts answered, by replica and HTTP code: a replica's failures that were "
             "retried elsewhere count too (502 connect error, 504 no answer in time), so the "
             "operator sees its error rate; replica none: answered by the router itself.",
@@ -57,7 +61,7 @@ class RouterMetrics:
             registry=r,
         )
         self.load = Gauge(
-            "shoal_router_load_score",
+            LOAD_SCORE,
             "Load score L of each replica as the router sees it.",
             ["replica"],
             registry=r,
