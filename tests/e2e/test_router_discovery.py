@@ -79,7 +79,9 @@ def router_process(bed: Testbed, ns: str, tmp: Path) -> Iterator[str]:
     ]
     with start_router(
         log=tmp / "router.log",
-        config={"policy": "round-robin"},
+        # A new pod is Ready a moment before its simulator listens; its first
+        # request may fail and open the breaker. Under the test's 30 s wait.
+        config={"policy": "round-robin", "circuitBreaker": {"openSeconds": 5}},
         args=discovery,
         env={**os.environ, "KUBECONFIG": str(bed.kubeconfig)},
         log_level="INFO",
