@@ -9,10 +9,11 @@ Under CI=true a missing prerequisite fails the tier instead of skipping it.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +44,57 @@ class Server:
     @property
     def log(self) -> Path:
         return self.process.log
+
+
+# Lines of a server's log that say why an engine died (vLLM prints the worker's
+# exit code, then EngineDeadError, then exits itself).
+_DEATH_MARKERS = ("died unexpectedly", "EngineDeadError", "Fatal Python error", "Traceback")
+_SERVERS = ("real", "sim")
+
+
+def death_report(server: Server, *, context: int = 6) -> str | None:
+    """Why `server` is gone, or None while it runs: its exit code (and signal), and
+    the log lines around the first sign of death, else the log's last lines."""
+    code = server.process.returncode
+    if code is None:
+        return None
+    how = f"exit code {code}"
+    if code < 0:
+        how += f" ({signal.Signals(-code).name})"
+    lines = server.log.read_text(errors="replace").splitlines()
+    first = next(
+        (i for i, line in enumerate(lines) if any(m in line for m in _DEATH_MARKERS)), None
+    )
+    shown = (
+        lines[max(0, first - context) : first + 4 * context] if first is not None else lines[-40:]
+    )
+    return f"{server.name} server is gone ({how}); {server.log}:\n" + "\n".join(shown)
+
+
+@pytest.fixture(autouse=True)
+def _servers_alive(request: pytest.FixtureRequest) -> None:
+    """A test that needs a server that died earlier fails at once, saying why,
+    instead of with "connection refused" (the death itself is reported on the
+    test during which it happened, by the hook below)."""
+    for name in _SERVERS:
+        if name in request.fixturenames:
+            report = death_report(request.getfixturevalue(name))
+            if report is not None:
+                pytest.fail(report, pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if call.when == "call" and report.failed:
+        funcargs = getattr(item, "funcargs", {})
+        for name in _SERVERS:
+            server = funcargs.get(name)
+            if isinstance(server, Server) and (text := death_report(server)) is not None:
+                report.sections.append((f"{name} server died", text))
+    return report
 
 
 def start_server(name: str, cmd: list[str], port: int, log: Path, env: dict[str, str]) -> Server:
