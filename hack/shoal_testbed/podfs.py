@@ -10,8 +10,8 @@ name a symlink through `..data`; an update writes a new directory and swaps
 `..data` in one rename, so a reader sees the old set or the new one, never a
 mix, and a file's inode changes when it does.
 
-`prepare` and `refresh` do the API I/O; `write_volume` the file I/O; the rest
-is pure."""
+`prepare`, `refresh` and `referenced_env` (env from ConfigMap and Secret
+keys) do the API I/O; `write_volume` the file I/O; the rest is pure."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from shoal_testbed.podspec import Pod
+from shoal_testbed.podspec import Pod, env_references
 
 TOKEN_SECONDS = 24 * 3600
 # Variables that would make a client try in-cluster config (and some other
@@ -96,13 +96,18 @@ def service_account_kubeconfig(
     }
 
 
+def _object_data(
+    api: client.CoreV1Api, namespace: str, *, kind: str, name: str
+) -> dict[str, bytes]:
+    if kind == "configMap":
+        config_map = api.read_namespaced_config_map(name, namespace)
+        return {k: v.encode() for k, v in (config_map.data or {}).items()}
+    secret = api.read_namespaced_secret(name, namespace)
+    return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+
+
 def _files(api: client.CoreV1Api, namespace: str, mount: Mount) -> dict[str, bytes]:
-    if mount.kind == "configMap":
-        config_map = api.read_namespaced_config_map(mount.name, namespace)
-        data = {k: v.encode() for k, v in (config_map.data or {}).items()}
-    else:
-        secret = api.read_namespaced_secret(mount.name, namespace)
-        data = {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+    data = _object_data(api, namespace, kind=mount.kind, name=mount.name)
     if mount.items:
         return {path: data[key] for key, path in mount.items if key in data}
     return data
@@ -209,3 +214,35 @@ def prepare(
         env["KUBECONFIG"] = str(path)
         dropped = _IN_CLUSTER_ENV
     return relocate(argv, mounts, root), env, dropped
+
+
+class ConfigError(Exception):
+    """What kubelet reports as CreateContainerConfigError."""
+
+
+_KIND_NAMES = {"configMap": "ConfigMap", "secret": "Secret"}
+
+
+def referenced_env(api: client.CoreV1Api, pod: Pod, container: dict[str, Any]) -> dict[str, str]:
+    """The env a container takes from ConfigMaps and Secrets; ConfigError, in
+    kubelet's words, when one it needs is missing."""
+    namespace = pod["metadata"]["namespace"]
+    env: dict[str, str] = {}
+    for name, kind, source, key, optional in env_references(container):
+        try:
+            values = _object_data(api, namespace, kind=kind, name=source)
+        except client.ApiException as error:
+            if error.status != 404:
+                raise
+            if optional:
+                continue
+            raise ConfigError(f'{kind.lower()} "{source}" not found') from error
+        if key is None:
+            env.update({k: v.decode(errors="replace") for k, v in values.items()})
+        elif key in values:
+            env[name] = values[key].decode(errors="replace")
+        elif not optional:
+            raise ConfigError(
+                f"couldn't find key {key} in {_KIND_NAMES[kind]} {namespace}/{source}"
+            )
+    return env

@@ -1,11 +1,15 @@
 """The pod runner: kubelet's part for a kwok cluster.
 
 kwok marks pods Running but runs nothing. For every Running pod that a rule
-maps to a command, the runner starts a local process (with the pod's env, in
-its own process group, pod IP in the environment), restarts it per the pod's
-restartPolicy when it exits, stops it when the pod terminates or goes, and
-starts a fresh one for a new pod UID. Pods that run to completion
-(restartPolicy Never/OnFailure) get their exit reported in pods/status.
+maps to a command, the runner starts a local process (with the pod's env,
+Secret and ConfigMap references resolved, in its own process group, pod IP in
+the environment), restarts it per the pod's restartPolicy when it exits, with
+kubelet's backoff, stops it when the pod terminates or goes, and starts a
+fresh one for a new pod UID. The container's state goes to pods/status as
+kubelet writes it (see `kubelet`): CrashLoopBackOff and the last exit,
+ErrImagePull/ImagePullBackOff, CreateContainerConfigError, and the exit of a
+pod that ran to completion. An API server that goes away (a restart) only
+delays the reports: the processes keep running.
 
 Run as `python -m shoal_testbed.podrunner --kubeconfig K --log-dir D`.
 """
@@ -24,23 +28,30 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client, config, watch
 
-from shoal_testbed import podfs, procs
-from shoal_testbed.podspec import Pod
+from shoal_testbed import kubelet, podfs, procs
+from shoal_testbed.podspec import Pod, container
 from shoal_testbed.rules import Launch, Rule
 
 log = logging.getLogger("podrunner")
 
-_BACKOFF_MAX_SECONDS = 10.0
+# What a call to the API server raises while it is down or restarting: the
+# client's errors, and urllib3's (MaxRetryError, ProtocolError) for a refused
+# or dropped connection, which are not OSErrors.
+API_ERRORS = (OSError, client.ApiException, urllib3.exceptions.HTTPError)
 # How often a running pod's ConfigMap and Secret volumes are brought up to
 # date (kubelet: its sync period plus a cache TTL, about a minute; the
-# testbed is quicker so tests of hot reloads stay short).
+# testbed is quicker so tests of hot reloads stay short). A container waiting
+# on a missing ConfigMap or Secret is retried as often.
 _VOLUME_SYNC_SECONDS = 2.0
+# After a status write the API server refused or could not take.
+_REPORT_RETRY_SECONDS = 1.0
 
 
 @dataclass
@@ -48,10 +59,14 @@ class Running:
     pod: Pod
     launch: Launch
     process: subprocess.Popen[bytes] | None
-    restarts: int = 0
-    restart_at: float = 0.0
-    finished: bool = False
+    state: kubelet.Container = field(init=False)
     volumes_synced_at: float = 0.0
+    log_offset: int = 0  # where the current process's output starts in the log
+    reported: dict[str, Any] | None = None  # the last status the API server took
+    report_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.state = kubelet.Container(name=self.launch.container, image=self.launch.image)
 
 
 def runnable(pod: Pod) -> bool:
@@ -66,6 +81,30 @@ def runnable(pod: Pod) -> bool:
 def pod_key(pod: Pod) -> str:
     meta = pod["metadata"]
     return f"{meta.get('namespace', '')}/{meta['name']}"
+
+
+def _wall() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status_body(pod: Pod, entry_state: kubelet.Container, *, now: float) -> dict[str, Any]:
+    """pods/status as kubelet would write it for the container the runner
+    plays; the pod's other containers keep what kwok wrote."""
+    played = entry_state.status(now=now)
+    known = {c.get("name"): c for c in pod.get("status", {}).get("containerStatuses") or []}
+    statuses = [
+        played if spec["name"] == played["name"] else known.get(spec["name"], {})
+        for spec in pod.get("spec", {}).get("containers", [])
+    ]
+    status: dict[str, Any] = {
+        "containerStatuses": [s for s in statuses if s],
+        "conditions": [
+            {"type": "ContainersReady", "status": "True" if played["ready"] else "False"}
+        ],
+    }
+    if entry_state.terminated is not None:
+        status["phase"] = "Succeeded" if entry_state.terminated["exitCode"] == 0 else "Failed"
+    return {"status": status}
 
 
 class PodRunner:
@@ -135,11 +174,85 @@ class PodRunner:
                     continue
                 entry = Running(pod=pod, launch=launch, process=None)
                 self.running[uid] = entry
-                self._start(uid, entry)
-                continue
             entry.pod = pod
-            self._check_exit(uid, entry)
-            self._sync_volumes(entry)
+            # One pod's trouble (or the API server's) must not stop the others.
+            try:
+                self._advance(uid, entry)
+                self._sync_volumes(entry)
+                self._report(entry)
+            except Exception:
+                log.exception("%s: supervising failed; trying again", pod_key(pod))
+
+    def _advance(self, uid: str, entry: Running) -> None:
+        """Move the container along: notice its exit, or try to start it when due."""
+        state, now = entry.state, time.monotonic()
+        if entry.process is not None:
+            code = entry.process.poll()
+            if code is not None:
+                self._exited(entry, code)
+            return
+        if not state.due(now):
+            return
+        if kubelet.unpullable(entry.launch.image):
+            state.pull_failed(now=now)
+            log.info("%s: image %s cannot be pulled", pod_key(entry.pod), entry.launch.image)
+            return
+        self._start(uid, entry)
+
+    def _exited(self, entry: Running, code: int) -> None:
+        policy = entry.pod.get("spec", {}).get("restartPolicy", "Always")
+        restart = policy == "Always" or (policy == "OnFailure" and code != 0)
+        reason = kubelet.termination_reason(code)
+        message = ""
+        spec = container(entry.pod, entry.launch.container) or {}
+        if code != 0 and spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            message = kubelet.log_message(self._log_since(entry))
+        entry.process = None
+        entry.state.exited(
+            code,
+            reason=reason,
+            message=message,
+            restart=restart,
+            wall=_wall(),
+            now=time.monotonic(),
+        )
+        log.info(
+            "%s: process exited with %d (%s, restartPolicy %s)%s",
+            pod_key(entry.pod),
+            code,
+            reason,
+            policy,
+            f"; restarting in {entry.state.retry_at - time.monotonic():.0f}s" if restart else "",
+        )
+
+    def _log_since(self, entry: Running) -> str:
+        try:
+            with open(self._log_path(entry.pod), "rb") as log_file:
+                log_file.seek(entry.log_offset)
+                return log_file.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _report(self, entry: Running) -> None:
+        """Write the container's status when it changed, until the API server takes it."""
+        now = time.monotonic()
+        body = status_body(entry.pod, entry.state, now=now)
+        if body == entry.reported or now < entry.report_at:
+            return
+        pod = entry.pod
+        try:
+            self.api.patch_namespaced_pod_status(
+                pod["metadata"]["name"],
+                pod["metadata"].get("namespace", ""),
+                body,
+                # The conditions merge by type; kwok's and the readiness gates stay.
+                _content_type="application/strategic-merge-patch+json",
+            )
+        except API_ERRORS as error:
+            log.warning("%s: status not reported, will retry: %s", pod_key(pod), error)
+            entry.report_at = now + _REPORT_RETRY_SECONDS
+            return
+        entry.reported = body
 
     def _sync_volumes(self, entry: Running) -> None:
         now = time.monotonic()
@@ -154,7 +267,7 @@ class PodRunner:
             changed = podfs.refresh(
                 self.api, entry.pod, entry.launch.mounts, self._pod_root(entry.pod)
             )
-        except (OSError, client.ApiException) as error:
+        except API_ERRORS as error:
             log.warning("%s: volumes not refreshed: %s", pod_key(entry.pod), error)
             return
         if changed:
@@ -174,11 +287,13 @@ class PodRunner:
         )
 
     def _start(self, uid: str, entry: Running) -> None:
-        pod, launch = entry.pod, entry.launch
+        pod, launch, now = entry.pod, entry.launch, time.monotonic()
         argv: list[str] = launch.argv
         extra: dict[str, str] = {}
         dropped: tuple[str, ...] = ()
         try:
+            spec = container(pod, launch.container) or {}
+            referenced = podfs.referenced_env(self.api, pod, spec)
             if launch.service_account is not None or launch.mounts:
                 argv, extra, dropped = podfs.prepare(
                     self.api,
@@ -190,6 +305,7 @@ class PodRunner:
                 )
             env = {
                 **{k: v for k, v in os.environ.items() if k not in dropped},
+                **referenced,
                 **launch.env,
                 **extra,
                 "SHOAL_POD_IP": pod["status"]["podIP"],
@@ -197,14 +313,21 @@ class PodRunner:
                 "SHOAL_POD_NAMESPACE": pod["metadata"].get("namespace", ""),
                 "SHOAL_POD_UID": uid,
             }
-            entry.process = procs.start(
-                argv, log_path=self._log_path(pod), env=env, die_with_parent=True
+            log_path = self._log_path(pod)
+            entry.log_offset = log_path.stat().st_size if log_path.exists() else 0
+            entry.process = procs.start(argv, log_path=log_path, env=env, die_with_parent=True)
+        except podfs.ConfigError as error:
+            log.warning("%s: CreateContainerConfigError: %s", pod_key(pod), error)
+            entry.state.config_failed(
+                f"Error: {error}", now=now, retry_seconds=_VOLUME_SYNC_SECONDS
             )
-        except (OSError, client.ApiException) as error:
+            return
+        except API_ERRORS as error:
             log.error("%s: cannot start %s: %s", pod_key(pod), entry.launch.argv, error)
             entry.process = None
-            entry.restart_at = time.monotonic() + _BACKOFF_MAX_SECONDS
+            entry.state.retry_at = now + _VOLUME_SYNC_SECONDS
             return
+        entry.state.started(wall=_wall(), now=now)
         log.info(
             "%s (uid %s): started pid %d: %s",
             pod_key(pod),
@@ -212,69 +335,6 @@ class PodRunner:
             entry.process.pid,
             " ".join(argv),
         )
-
-    def _check_exit(self, uid: str, entry: Running) -> None:
-        if entry.finished:
-            return
-        if entry.process is None:
-            if time.monotonic() >= entry.restart_at:
-                self._start(uid, entry)
-            return
-        code = entry.process.poll()
-        if code is None:
-            return
-        policy = entry.pod.get("spec", {}).get("restartPolicy", "Always")
-        restart = policy == "Always" or (policy == "OnFailure" and code != 0)
-        log.info("%s: process exited with %d (restartPolicy %s)", pod_key(entry.pod), code, policy)
-        self._report_exit(entry, code, restart=restart)
-        if restart:
-            # kubelet's CrashLoopBackOff, shortened for tests.
-            entry.restarts += 1
-            entry.process = None
-            entry.restart_at = time.monotonic() + min(
-                2.0 ** (entry.restarts - 1), _BACKOFF_MAX_SECONDS
-            )
-        else:
-            entry.finished = True
-
-    def _report_exit(self, entry: Running, code: int, *, restart: bool) -> None:
-        """Write the exit into pods/status as kubelet would, so users and
-        controllers see restarts and completions."""
-        pod = entry.pod
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        terminated = {
-            "exitCode": code,
-            "reason": "Completed" if code == 0 else "Error",
-            "finishedAt": now,
-        }
-        statuses: list[dict[str, Any]] = []
-        for spec in pod.get("spec", {}).get("containers", []):
-            status: dict[str, Any] = {"name": spec["name"], "image": spec.get("image", "")}
-            if restart:
-                status.update(
-                    restartCount=entry.restarts + 1,
-                    ready=False,
-                    started=True,
-                    lastState={"terminated": terminated},
-                    state={"running": {"startedAt": now}},
-                )
-            else:
-                status.update(
-                    restartCount=entry.restarts,
-                    ready=False,
-                    started=False,
-                    state={"terminated": terminated},
-                )
-            statuses.append(status)
-        body: dict[str, Any] = {"status": {"containerStatuses": statuses}}
-        if not restart:
-            body["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
-        try:
-            self.api.patch_namespaced_pod_status(
-                pod["metadata"]["name"], pod["metadata"].get("namespace", ""), body
-            )
-        except client.ApiException as error:
-            log.warning("%s: cannot report exit: %s", pod_key(pod), error.reason)
 
     def _stop(self, uid: str, *, reason: str) -> None:
         entry = self.running.pop(uid)

@@ -66,3 +66,24 @@ def expand(text: str, env: dict[str, str]) -> str:
 def command_line(spec: dict[str, Any], env: dict[str, str]) -> list[str]:
     argv = [*spec.get("command", []), *spec.get("args", [])]
     return [expand(str(part), env) for part in argv]
+
+
+def env_references(spec: dict[str, Any]) -> list[tuple[str, str, str, str | None, bool]]:
+    """(env name or "", kind configMap|secret, object name, key or None for
+    envFrom, optional) for every env entry and envFrom source that names a
+    ConfigMap or Secret, in the container's order."""
+    found: list[tuple[str, str, str, str | None, bool]] = []
+    for item in spec.get("env", []):
+        source = item.get("valueFrom") or {}
+        for kind, field in (("configMap", "configMapKeyRef"), ("secret", "secretKeyRef")):
+            ref = source.get(field)
+            if ref is not None:
+                found.append(
+                    (item["name"], kind, ref["name"], ref["key"], bool(ref.get("optional")))
+                )
+    for item in spec.get("envFrom", []):
+        for kind, field in (("configMap", "configMapRef"), ("secret", "secretRef")):
+            ref = item.get(field)
+            if ref is not None:
+                found.append(("", kind, ref["name"], None, bool(ref.get("optional"))))
+    return found

@@ -21,6 +21,9 @@ RUN_ANNOTATION = "testbed.shoal.dev/run"
 @dataclass(frozen=True)
 class Launch:
     argv: list[str]
+    # The container this process plays (its status is the one reported).
+    container: str = ""
+    image: str = ""
     env: dict[str, str] = field(default_factory=dict)
     # Run with a kubeconfig holding a token of this ServiceAccount (the pod's).
     service_account: str | None = None
@@ -41,7 +44,9 @@ def annotated_container(pod: Pod) -> Launch | None:
     if spec is None or not (spec.get("command") or spec.get("args")):
         return None
     env = container_env(pod, spec)
-    return Launch(argv=command_line(spec, env), env=env)
+    return Launch(
+        argv=command_line(spec, env), env=env, container=name, image=str(spec.get("image", ""))
+    )
 
 
 # How vLLM images start the server: `vllm serve MODEL ...` (the image's
@@ -71,7 +76,7 @@ def vllm_engine(pod: Pod) -> Launch | None:
                 return None  # some other program in a vLLM image: not ours to fake
         pod_ip = str(pod.get("status", {}).get("podIP", ""))
         argv = [sys.executable, "-m", "shoal.cli", "sim", *args, "--host", pod_ip]
-        return Launch(argv=argv, env=env)
+        return Launch(argv=argv, env=env, container=spec["name"], image=str(spec["image"]))
     return None
 
 
@@ -120,6 +125,8 @@ def shoal_pod(pod: Pod) -> Launch | None:
         return Launch(
             argv=[sys.executable, "-m", "shoal.cli", *bind_to_pod_ip(args, pod_ip)],
             env=env,
+            container=spec["name"],
+            image=str(spec["image"]),
             service_account=pod.get("spec", {}).get("serviceAccountName") or "default",
             mounts=config_mounts(pod, spec),
         )

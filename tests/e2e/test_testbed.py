@@ -337,3 +337,163 @@ def test_kubectl_and_helm_report_the_pinned_versions(testbed: Testbed) -> None:
         helm.stdout.startswith(versions["HELM_VERSION"] + "+")
         or helm.stdout.strip() == versions["HELM_VERSION"]
     ), helm.stdout
+
+
+def _run_pod(name: str, script: str, **container: Any) -> dict[str, Any]:
+    """A pod whose one container the pod runner plays with `python3 -c script`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {"testbed.shoal.dev/run": "main"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "python:3.11",
+                    "command": ["python3", "-c", script],
+                    **container,
+                }
+            ],
+        },
+    }
+
+
+def _container_status(bed: Testbed, ns: str, pod: str) -> dict[str, Any]:
+    found = get_json(bed, "pod", pod, "-n", ns)["status"].get("containerStatuses") or [{}]
+    status: dict[str, Any] = found[0]
+    return status
+
+
+def _waiting(bed: Testbed, ns: str, pod: str, *reasons: str) -> dict[str, Any] | None:
+    status = _container_status(bed, ns, pod)
+    reason = status.get("state", {}).get("waiting", {}).get("reason")
+    return status if reason in reasons else None
+
+
+def test_a_crashing_container_shows_crash_loop_back_off_its_exit_code_and_log(
+    testbed: Testbed,
+) -> None:
+    script = "import sys; print('engine: bad flag --bogus', flush=True); sys.exit(3)"
+    with namespace(testbed, "crash") as ns:
+        apply(
+            testbed,
+            ns,
+            _run_pod("crash", script, terminationMessagePolicy="FallbackToLogsOnError"),
+        )
+        status = wait_for(
+            lambda: _waiting(testbed, ns, "crash", "CrashLoopBackOff"),
+            what="crash in CrashLoopBackOff",
+            timeout=60,
+        )
+        last = status["lastState"]["terminated"]
+        assert (last["exitCode"], last["reason"]) == (3, "Error")
+        assert "bad flag --bogus" in last["message"]
+        assert "back-off 10s" in status["state"]["waiting"]["message"]
+        # kubelet's first backoff is 10 s: the restart comes, and is counted.
+        wait_for(
+            lambda: _container_status(testbed, ns, "crash").get("restartCount", 0) >= 1,
+            what="crash restarted once",
+            timeout=30,
+        )
+        columns = testbed.kubectl("get", "pod", "crash", "-n", ns).splitlines()[1].split()
+        assert columns[2] in ("CrashLoopBackOff", "Error", "Running"), columns
+
+
+def test_an_unpullable_image_shows_image_pull_back_off(testbed: Testbed) -> None:
+    with namespace(testbed, "pull") as ns:
+        pod = gated_pod("nopull")
+        pod["spec"]["containers"][0]["image"] = "vllm/vllm-openai:doesnotexist"
+        apply(testbed, ns, pod)
+        status = wait_for(
+            lambda: _waiting(testbed, ns, "nopull", "ImagePullBackOff"),
+            what="nopull in ImagePullBackOff",
+            timeout=60,
+        )
+        assert "vllm/vllm-openai:doesnotexist" in status["state"]["waiting"]["message"]
+        assert status["restartCount"] == 0
+
+
+def test_a_missing_secret_key_is_a_config_error_until_the_secret_exists(
+    testbed: Testbed,
+) -> None:
+    env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
+    script = "import os, time; print('token', os.environ['TOKEN'], flush=True); time.sleep(600)"
+    with namespace(testbed, "config") as ns:
+        apply(testbed, ns, _run_pod("needs", script, env=env))
+        status = wait_for(
+            lambda: _waiting(testbed, ns, "needs", "CreateContainerConfigError"),
+            what="needs in CreateContainerConfigError",
+            timeout=60,
+        )
+        assert status["state"]["waiting"]["message"] == 'Error: secret "hf" not found'
+        testbed.kubectl("create", "secret", "generic", "hf", "-n", ns, "--from-literal=token=t0k")
+        wait_for(
+            lambda: "running" in _container_status(testbed, ns, "needs").get("state", {}),
+            what="needs running once its Secret exists",
+            timeout=30,
+        )
+
+
+def _sim_with_a_volume(name: str) -> list[dict[str, Any]]:
+    """A shoal-image pod (the runner refreshes its ConfigMap volume while it
+    runs, as kubelet does) serving `shoal sim` on its pod IP."""
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name},
+            "data": {"note": "x"},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "terminationGracePeriodSeconds": 1,
+                "volumes": [{"name": "conf", "configMap": {"name": name}}],
+                "containers": [
+                    {
+                        "name": "sim",
+                        "image": "shoal:0.1.0",
+                        "args": ["sim", "--host", "0.0.0.0", "--port", "8080"],
+                        "volumeMounts": [{"name": "conf", "mountPath": "/etc/conf"}],
+                    }
+                ],
+            },
+        },
+    ]
+
+
+def test_the_pod_runner_keeps_its_processes_through_an_api_server_restart(
+    testbed: Testbed,
+) -> None:
+    with namespace(testbed, "apirestart") as ns:
+        apply(testbed, ns, *_sim_with_a_volume("vol"))
+        pod = wait_for(
+            lambda: pod_if(testbed, ns, "vol", lambda p: bool(p["status"].get("podIP"))),
+            what="vol with a pod IP",
+        )
+        url = f"http://{pod['status']['podIP']}:8080/health"
+        wait_for(lambda: _fetch(url) is not None, what=f"the process at {url}", timeout=60)
+        log = testbed.logs / "podrunner.log"
+        before = log.read_text(errors="replace").count("pod runner watching pods")
+        # Longer than the runner's volume refresh period, so it runs into the outage.
+        testbed.restart_apiserver(down_seconds=5)
+        wait_for(lambda: _fetch(url) is not None, what=f"{url} after the restart", timeout=30)
+        after = log.read_text(errors="replace").count("pod runner watching pods")
+        assert after == before, "the pod runner restarted, and every process with it"
+        started = [
+            line
+            for path in (testbed.logs / "pods").glob(f"{ns}_vol_*.log")
+            for line in path.read_text(errors="replace").splitlines()
+            if line.startswith("--- ")
+        ]
+        assert len(started) == 1, started
+        # Reports resume: a crash after the restart is seen.
+        apply(testbed, ns, _run_pod("after", "import sys; sys.exit(1)"))
+        wait_for(
+            lambda: _waiting(testbed, ns, "after", "CrashLoopBackOff"),
+            what="after in CrashLoopBackOff",
+            timeout=60,
+        )
