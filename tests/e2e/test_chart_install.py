@@ -36,6 +36,7 @@ RARELY_USED = {
     ("", "pods", "", "get"): "the routers' Role grants it, and RBAC grants only what one holds",
     ("", "pods", "", "delete"): "group restarts, health restarts and lost nodes",
     ("apps", "statefulsets", "", "delete"): "scale-down removes a replica's StatefulSets",
+    ("", "configmaps", "", "get"): "warm-up prompts from a ConfigMap the user names",
 }
 
 

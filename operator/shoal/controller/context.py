@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from shoal.controller.decide import Event, Memory
 from shoal.controller.healthloop import HealthChecks
-from shoal.controller.identity import ClusterRef
+from shoal.controller.identity import ClusterRef, Manifest
 from shoal.controller.kube import KubeApi
 from shoal.controller.metrics import OperatorMetrics
 from shoal.controller.probes import EngineProbe
@@ -21,6 +21,12 @@ from shoal.controller.warming import Warmups
 
 ClusterKey = tuple[str, str]  # namespace, name
 PostEvent = Callable[[Any, Event], None]
+
+
+class LiveChildren(Protocol):
+    """A cluster's children as the operator's watches last saw them."""
+
+    def get(self, kind: str, name: str) -> Manifest | None: ...
 
 
 @dataclass(frozen=True)
@@ -63,8 +69,7 @@ class ClusterState:
     restarts_seeded: bool = False  # restart history read back from the status
     kv_pools: dict[str, KVPool] = field(default_factory=dict)  # by leader pod uid
     last_status: dict[str, Any] | None = None
-    static_applied: dict[str, str] = field(default_factory=dict)  # kind/name -> hash
-    static_checked_at: float | None = None  # monotonic
+    static_applied: set[str] = field(default_factory=set)  # kind/name made by this process
     last_error: str | None = None  # the spec's errors, last reported
     last_failure: str | None = None  # the last failed pass, last reported
     nodes_unreadable: bool = False  # node-loss handling off (said once)

@@ -3,13 +3,18 @@
 `static` objects are the same whatever the replicas do; `replicas` are one
 TP group each (a leader StatefulSet and, for multi-node groups, a worker
 one). The apply order matters only for a reader of the audit log: what the
-router needs before the router, engines before the router's Deployment."""
+router needs before the router, engines before the router's Deployment.
+
+`drift` compares a desired manifest with the live object on the fields the
+manifest sets: what `kubectl set image` or `kubectl scale` changed there,
+which the recorded hash alone cannot see."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from shoal.api.spec import VLLMClusterSpec
 from shoal.controller.engine import build_leader_statefulset, build_worker_statefulset
@@ -23,6 +28,11 @@ from shoal.controller.router import (
     build_router_service_account,
 )
 from shoal.controller.services import build_engine_pdb, build_engine_service
+from shoal.schema.quantity import parse_quantity
+
+# Lists of objects Kubernetes merges by this key (containers, env, ports,
+# volumes...): items are matched by it, not by position.
+_MERGE_KEYS = ("name", "mountPath", "containerPort", "port")
 
 
 @dataclass(frozen=True)
@@ -80,3 +90,67 @@ def manifest_hash(manifest: Manifest) -> str:
     """A short, stable digest of a manifest, recorded on the object when applied."""
     text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def drift(desired: Manifest, live: Manifest) -> list[str]:
+    """Paths of fields the desired manifest sets that the live object holds
+    differently (or not at all). Fields only the live object has (defaults,
+    other writers' own fields) are not drift: shoal's apply would keep them."""
+    found: list[str] = []
+    _compare(desired, live, path="", found=found)
+    return found
+
+
+def _compare(desired: Any, live: Any, *, path: str, found: list[str]) -> None:
+    if isinstance(desired, dict):
+        if not isinstance(live, dict):
+            if desired or live is not None:
+                found.append(path or ".")
+            return
+        for key, value in desired.items():
+            _compare(value, live.get(key), path=f"{path}.{key}" if path else key, found=found)
+    elif isinstance(desired, list):
+        _compare_list(desired, live, path=path, found=found)
+    elif desired is not None and not _same_scalar(desired, live):
+        found.append(path)
+
+
+def _compare_list(desired: list[Any], live: Any, *, path: str, found: list[str]) -> None:
+    if not isinstance(live, list):
+        if desired or live is not None:
+            found.append(path)
+        return
+    key = _merge_key(desired)
+    if key is None:
+        if len(desired) != len(live):
+            found.append(path)
+            return
+        for position, (want, have) in enumerate(zip(desired, live, strict=True)):
+            _compare(want, have, path=f"{path}[{position}]", found=found)
+        return
+    by_key = {item.get(key): item for item in live if isinstance(item, dict)}
+    for item in desired:
+        _compare(item, by_key.get(item[key]), path=f"{path}[{item[key]}]", found=found)
+
+
+def _merge_key(items: list[Any]) -> str | None:
+    if not items or not all(isinstance(item, dict) for item in items):
+        return None
+    for key in _MERGE_KEYS:
+        if all(key in item for item in items):
+            return key
+    return None
+
+
+def _same_scalar(desired: Any, live: Any) -> bool:
+    if desired == live:
+        return True
+    if isinstance(desired, bool) or isinstance(live, bool):
+        return False
+    if not isinstance(desired, int | float | str) or not isinstance(live, int | float | str):
+        return False
+    # The API server writes quantities back in its own form (4 -> "4", 1000m -> 1).
+    try:
+        return parse_quantity(str(desired)) == parse_quantity(str(live))
+    except ValueError:
+        return False

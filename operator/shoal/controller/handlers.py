@@ -3,16 +3,23 @@ kopf's settings. Thin: every handler calls `reconcile`, which does the work.
 
 - create / update / resume: a pass at once (the spec changed, or the
   operator (re)started), with kopf's retries on API errors;
-- a daemon per VLLMCluster: a pass whenever a child changes (pod, StatefulSet,
-  router Deployment events wake it) or a node turns NotReady, when a pass asked to look again soon
-  (an engine not yet healthy, a drain), and every RESYNC_SECONDS otherwise;
+- a daemon per VLLMCluster: a pass whenever a child changes or goes (every
+  kind shoal creates is watched, by its cluster label) or a node turns
+  NotReady, when a pass asked to look again soon (an engine not yet healthy,
+  a drain), and every RESYNC_SECONDS otherwise;
+- kopf indexes keep the live children other than engines and the router's
+  Deployment (Services, ConfigMap, PDB, RBAC), so a pass compares with them
+  without reading them, and one deleted by hand is made again at once;
 - handlers are registered on a registry of their own, not kopf's global one."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -20,9 +27,9 @@ import kopf
 
 from shoal.api import GROUP, PLURAL, VERSION
 from shoal.api.status import ConditionStatus
-from shoal.controller.context import ClusterState, OperatorContext
+from shoal.controller.context import ClusterKey, ClusterState, OperatorContext
 from shoal.controller.decide import Event, EventType
-from shoal.controller.identity import ClusterRef
+from shoal.controller.identity import ClusterRef, Manifest
 from shoal.controller.kube import ApiError
 from shoal.controller.logs import cluster_logger
 from shoal.controller.names import DOMAIN, FINALIZER, LABEL_CLUSTER
@@ -39,6 +46,60 @@ RETRY_SECONDS = 5.0
 MAX_BACKOFF_SECONDS = 30.0
 
 _TRANSIENT = (ApiError, aiohttp.ClientError, TimeoutError, OSError)
+
+# Children kopf indexes (kind -> group, version, plural); engines' StatefulSets
+# and pods and the router's Deployment are listed by each pass instead.
+INDEXED_KINDS: dict[str, tuple[str, ...]] = {
+    "Service": ("v1", "services"),
+    "ConfigMap": ("v1", "configmaps"),
+    "ServiceAccount": ("v1", "serviceaccounts"),
+    "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
+    "Role": ("rbac.authorization.k8s.io", "v1", "roles"),
+    "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+}
+# Children whose events wake their cluster: every kind shoal creates.
+WATCHED_KINDS = (
+    ("v1", "pods"),
+    ("apps", "v1", "statefulsets"),
+    ("apps", "v1", "deployments"),
+    *INDEXED_KINDS.values(),
+)
+
+
+def index_id(kind: str) -> str:
+    """The kopf index of a kind, also the name of its handlers' keyword argument."""
+    return f"children_{kind.lower()}"
+
+
+async def index_child(
+    body: kopf.Body, labels: kopf.Labels, namespace: str | None, **_: Any
+) -> dict[ClusterKey, Manifest]:
+    """A child under its cluster's key; status and managed fields are not compared."""
+    kept = {key: copy.deepcopy(body[key]) for key in body if key != "status"}
+    kept["metadata"] = {k: v for k, v in kept["metadata"].items() if k != "managedFields"}
+    return {(namespace or "", labels[LABEL_CLUSTER]): kept}
+
+
+@dataclass(frozen=True)
+class IndexedChildren:
+    """One cluster's children in kopf's indexes (live views, updated by the watches)."""
+
+    indices: Mapping[str, Any]  # kopf.Index by index id
+    key: ClusterKey
+
+    def get(self, kind: str, name: str) -> Manifest | None:
+        index = self.indices.get(index_id(kind))
+        if index is None or self.key not in index:
+            return None
+        found: Manifest | None = next(
+            (child for child in index[self.key] if child["metadata"]["name"] == name), None
+        )
+        return found
+
+
+def children_of(key: ClusterKey, handler_kwargs: Mapping[str, Any]) -> IndexedChildren:
+    ids = [index_id(kind) for kind in INDEXED_KINDS]
+    return IndexedChildren({i: handler_kwargs[i] for i in ids if i in handler_kwargs}, key)
 
 
 def post_event(body: Any, event: Event) -> None:
@@ -59,10 +120,14 @@ def state_of(memo: Any) -> ClusterState:
     return state
 
 
-async def reconcile_handler(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+def key_of(body: kopf.Body) -> ClusterKey:
+    return (body.metadata.namespace or "", body.metadata.name or "")
+
+
+async def reconcile_handler(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     ctx = context_of(memo)
     try:
-        await reconcile(ctx, body, state_of(memo))
+        await reconcile(ctx, body, state_of(memo), children_of(key_of(body), kwargs))
     except _TRANSIENT as error:
         raise kopf.TemporaryError(str(error), delay=RETRY_SECONDS) from error
     # The daemon follows up (a pass here may have asked to look again soon).
@@ -70,10 +135,11 @@ async def reconcile_handler(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 
 async def cluster_daemon(
-    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
+    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **kwargs: Any
 ) -> None:
     ctx, state = context_of(memo), state_of(memo)
-    key = (body.metadata.namespace or "", body.metadata.name or "")
+    key = key_of(body)
+    live = children_of(key, kwargs)
     log = cluster_logger(*key)
     wake = ctx.wakeups.register(key)
     backoff = 1.0
@@ -82,7 +148,7 @@ async def cluster_daemon(
             wake.clear()
             started = time.monotonic()
             try:
-                delay = await reconcile(ctx, body, state)
+                delay = await reconcile(ctx, body, state, live)
                 backoff, state.last_failure = 1.0, None
                 ctx.metrics.passes.labels("ok").inc()
             except _TRANSIENT as error:
@@ -140,7 +206,10 @@ def build_registry() -> kopf.OperatorRegistry:
         )
     kopf.daemon(*resource, id="watch", registry=registry, cancellation_timeout=10.0)(cluster_daemon)
     children = {LABEL_CLUSTER: kopf.PRESENT}
-    for child in (("v1", "pods"), ("apps", "v1", "statefulsets"), ("apps", "v1", "deployments")):
+    for kind, child in INDEXED_KINDS.items():
+        kopf.index(*child, id=index_id(kind), labels=children, registry=registry)(index_child)
+    # Indexing runs before these, so a woken pass sees the index already updated.
+    for child in WATCHED_KINDS:
         kopf.on.event(*child, id=f"wake-{child[-1]}", labels=children, registry=registry)(
             child_changed
         )
@@ -165,7 +234,7 @@ def build_settings(*, standalone: bool) -> kopf.OperatorSettings:
     settings.posting.reporting_component = "shoal-operator"
     settings.posting.event_name_prefix = "shoal-"
     # Watch only shoal's children, filtered by the API server, not every pod.
-    for plural in ("pods", "statefulsets", "deployments"):
-        settings.watching.label_selectors[plural] = LABEL_CLUSTER
+    for child in WATCHED_KINDS:
+        settings.watching.label_selectors[child[-1]] = LABEL_CLUSTER
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     return settings

@@ -23,7 +23,7 @@ from shoal.api import API_VERSION, KIND
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import ConditionStatus
 from shoal.api.validation import SpecError, parse_cluster, validate_spec
-from shoal.controller.context import ClusterState, OperatorContext
+from shoal.controller.context import ClusterState, LiveChildren, OperatorContext
 from shoal.controller.decide import (
     Decision,
     Desired,
@@ -37,7 +37,7 @@ from shoal.controller.decide import (
     node_not_ready_since,
     probe_targets,
 )
-from shoal.controller.desired import DesiredFleet, desired_fleet, manifest_hash
+from shoal.controller.desired import DesiredFleet, desired_fleet, drift, manifest_hash
 from shoal.controller.engine import nodes_per_replica, served_model_name
 from shoal.controller.healthloop import Target
 from shoal.controller.identity import ClusterRef, Manifest
@@ -57,10 +57,6 @@ from shoal.controller.observe import Observed, observe
 from shoal.controller.restarts import seed_restart_times
 from shoal.controller.status import StatusInputs, build_status, status_patch
 from shoal.controller.warming import warmup_policy
-
-# Objects other than the engines and the router Deployment (Services, RBAC,
-# ConfigMap, PDB) are compared with the live ones on start and this often.
-STATIC_CHECK_SECONDS = 600.0
 
 _log = logging.getLogger(__name__)
 
@@ -97,15 +93,17 @@ def parse(body: Mapping[str, Any]) -> tuple[VLLMClusterSpec | None, list[SpecErr
 
 
 async def reconcile(
-    ctx: OperatorContext, body: Mapping[str, Any], state: ClusterState
+    ctx: OperatorContext, body: Mapping[str, Any], state: ClusterState, live: LiveChildren
 ) -> float | None:
-    """One pass; returns how soon to look again (None: on the next event)."""
+    """One pass; returns how soon to look again (None: on the next event).
+    live: the cluster's children other than engines and the router's
+    Deployment, as the watches see them."""
     async with state.lock:
-        return await _reconcile(ctx, body, state)
+        return await _reconcile(ctx, body, state, live)
 
 
 async def _reconcile(
-    ctx: OperatorContext, body: Mapping[str, Any], state: ClusterState
+    ctx: OperatorContext, body: Mapping[str, Any], state: ClusterState, live: LiveChildren
 ) -> float | None:
     ref = ClusterRef.of(body)
     log = cluster_logger(ref.namespace, ref.name)
@@ -154,7 +152,7 @@ async def _reconcile(
             now=time.monotonic(),
             nodes=nodes,
         )
-        await _act(ctx, body, ref, state, decision, fleet, observed)
+        await _act(ctx, body, ref, state, decision, fleet, observed, live)
         if valid and spec is not None:
             for pod in decision.warm:
                 ctx.warmups.start(
@@ -296,28 +294,57 @@ async def _apply(ctx: OperatorContext, ref: ClusterRef, manifest: Manifest) -> N
 
 
 async def _apply_static(
-    ctx: OperatorContext, ref: ClusterRef, state: ClusterState, manifests: list[Manifest]
+    ctx: OperatorContext,
+    body: Mapping[str, Any],
+    ref: ClusterRef,
+    state: ClusterState,
+    manifests: list[Manifest],
+    live: LiveChildren,
 ) -> None:
-    """Apply what this process has not applied in this form; every
-    STATIC_CHECK_SECONDS (and after a restart) compare with the live objects
-    instead, so drift is repaired and a restart writes nothing that matches."""
-    now = time.monotonic()
-    due = state.static_checked_at is None or now - state.static_checked_at > STATIC_CHECK_SECONDS
+    """Apply what is missing, outdated or changed by hand, compared with the
+    live objects the watches keep (no GET: an idle fleet reads nothing)."""
     for manifest in manifests:
         meta = manifest["metadata"]
         key = f"{manifest['kind']}/{meta['name']}"
-        wanted = manifest_hash(manifest)
-        if due:
-            live = await ctx.kube.get(
-                manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]
-            )
-            annotations = (live or {}).get("metadata", {}).get("annotations") or {}
-            state.static_applied[key] = annotations.get(ANNOTATION_SPEC_HASH, "")
-        if state.static_applied.get(key) != wanted:
-            await _apply(ctx, ref, manifest)
-            state.static_applied[key] = wanted
-    if due:
-        state.static_checked_at = now
+        found = live.get(manifest["kind"], meta["name"])
+        event = None
+        if found is None:
+            if key in state.static_applied:
+                event = Event(
+                    EventType.WARNING, "ChildRestored", f"{key} was deleted; made it again"
+                )
+        elif _recorded_hash(found) != manifest_hash(manifest):
+            pass  # the spec changed: a plain update
+        elif changed := drift(manifest, found):
+            event = _drift_event(key, changed)
+        else:
+            continue
+        await _apply(ctx, ref, manifest)
+        state.static_applied.add(key)
+        if event is not None:
+            _post(ctx, body, ref, event)
+
+
+def _recorded_hash(live: Manifest) -> str | None:
+    annotations = (live.get("metadata") or {}).get("annotations") or {}
+    found = annotations.get(ANNOTATION_SPEC_HASH)
+    return None if found is None else str(found)
+
+
+def _drift_event(key: str, changed: list[str]) -> Event:
+    fields = ", ".join(changed[:5]) + (", ..." if len(changed) > 5 else "")
+    return Event(
+        EventType.WARNING,
+        "DriftReverted",
+        f"{key} was changed outside shoal ({fields}); restored what the spec says",
+    )
+
+
+def _post(ctx: OperatorContext, body: Mapping[str, Any], ref: ClusterRef, event: Event) -> None:
+    level = logging.WARNING if event.type is EventType.WARNING else logging.INFO
+    logger = cluster_logger(ref.namespace, ref.name, replica=event.replica, pod=event.pod)
+    logger.log(level, "%s: %s", event.reason, event.message)
+    ctx.post_event(body, event)
 
 
 async def _act(
@@ -328,9 +355,10 @@ async def _act(
     decision: Decision,
     fleet: DesiredFleet | None,
     observed: Observed,
+    live: LiveChildren,
 ) -> None:
     if fleet is not None:
-        await _apply_static(ctx, ref, state, fleet.before)
+        await _apply_static(ctx, body, ref, state, fleet.before, live)
     for manifest in decision.apply:
         await _apply(ctx, ref, manifest)
     if fleet is not None:
@@ -385,10 +413,7 @@ async def _act(
             {"metadata": {"annotations": {ANNOTATION_GROUP: token}}},
         )
     for event in decision.events:
-        level = logging.WARNING if event.type is EventType.WARNING else logging.INFO
-        logger = cluster_logger(ref.namespace, ref.name, replica=event.replica, pod=event.pod)
-        logger.log(level, "%s: %s", event.reason, event.message)
-        ctx.post_event(body, event)
+        _post(ctx, body, ref, event)
 
 
 def _report_spec(
