@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shoal.api.validation import MANAGED_FLAGS
+from shoal.api.validation import MANAGED_FLAGS, MAX_NAME_LENGTH, NAME_PATTERN
 from shoal.planner.presets import PRESETS
 
 
 @dataclass(frozen=True)
 class CelRule:
-    """A rule attached at `location` (a path under spec; `[]` means each list item)."""
+    """A rule attached at `location` (a path under spec; `[]` means each list item;
+    OBJECT for the object itself, where CEL sees metadata.name)."""
 
     rule: str
     location: str
@@ -35,6 +36,9 @@ class CelRule:
         rendered["reason"] = "FieldValueInvalid"
         return rendered
 
+
+# The location of rules on the whole object rather than under spec.
+OBJECT = "/"
 
 _A = "self.model.architecture"
 _TP = "self.parallelism.tensor"
@@ -77,6 +81,28 @@ def _format(template: str, *values: str) -> str:
 
 
 RULES: tuple[CelRule, ...] = (
+    CelRule(
+        rule="name-dns-label",
+        location=OBJECT,
+        expression=f"self.metadata.name.matches('{NAME_PATTERN}')",
+        message="metadata.name must be a DNS-1035 label: lowercase letters, digits and '-', "
+        "starting with a letter and ending with a letter or digit (shoal names Services "
+        "after it, and a Service name must start with a letter)",
+    ),
+    CelRule(
+        rule="name-length",
+        location=OBJECT,
+        expression=f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+        message=f"metadata.name must be at most {MAX_NAME_LENGTH} characters, so that "
+        "StatefulSets <name>-r<index>-w and their pods' controller-revision-hash label "
+        "(<set name>-<10-character hash>) fit in 63",
+        message_expression=_format(
+            f"metadata.name has %d characters, at most {MAX_NAME_LENGTH} fit: shoal names "
+            "StatefulSets <name>-r<index>-w, and their pods' controller-revision-hash label "
+            "(<set name>-<10-character hash>) must fit in 63",
+            "size(self.metadata.name)",
+        ),
+    ),
     CelRule(
         rule="attention-heads",
         location="",

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel
 
 from shoal.api import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
-from shoal.api.cel import RULES
+from shoal.api.cel import OBJECT, RULES
 from shoal.api.resource import VLLMCluster
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import VLLMClusterStatus
@@ -121,8 +121,11 @@ def _ordered(node: dict[str, Any]) -> dict[str, Any]:
     return {key: node[key] for key in first + rest}
 
 
-def _attach_rules(spec: dict[str, Any]) -> None:
+def _attach_rules(spec: dict[str, Any], *, root: dict[str, Any]) -> None:
     for rule in RULES:
+        if rule.location == OBJECT:
+            root.setdefault("x-kubernetes-validations", []).append(rule.schema())
+            continue
         node = spec
         for part in filter(None, rule.location.split(".")):
             each = part.endswith("[]")
@@ -135,9 +138,8 @@ def _attach_rules(spec: dict[str, Any]) -> None:
 def crd() -> dict[str, Any]:
     """The CustomResourceDefinition as a dict."""
     spec = openapi_schema(VLLMClusterSpec)
-    _attach_rules(spec)
     status = openapi_schema(VLLMClusterStatus, defaults=False)
-    schema = {
+    schema: dict[str, Any] = {
         "description": _prose(VLLMCluster.__doc__ or ""),
         "type": "object",
         "required": ["spec"],
@@ -149,6 +151,7 @@ def crd() -> dict[str, Any]:
             "status": status,
         },
     }
+    _attach_rules(spec, root=schema)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

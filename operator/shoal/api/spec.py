@@ -21,6 +21,8 @@ from shoal.schema.quantity import Quantity
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
 # The --max-num-seqs shoal passes unless told; a router told nothing assumes it too.
 DEFAULT_MAX_NUM_SEQS = 256
+# The most data-parallel replicas; the longest cluster name allowed depends on it.
+MAX_REPLICAS = 10000
 
 # Passed-through Kubernetes objects (EnvVar, Toleration, Affinity,
 # ResourceRequirements): the API server validates them where they land, in the pods.
@@ -535,7 +537,7 @@ class VLLMClusterSpec(ApiModel):
     replicas: int = Field(
         default=1,
         ge=0,
-        le=10000,
+        le=MAX_REPLICAS,
         description="Data-parallel replicas: independent engines, each with its own copy of "
         "the weights and its own KV cache. `kubectl scale` changes this.",
     )

@@ -6,6 +6,7 @@ these as `SpecValid=False`; `shoal plan -f` prints them."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,8 +15,15 @@ from pydantic_core import ErrorDetails
 
 from shoal.api.capacity import RULE_FIELDS, layout_of, plan_spec
 from shoal.api.resource import VLLMCluster
-from shoal.api.spec import VLLMClusterSpec
+from shoal.api.spec import MAX_REPLICAS, VLLMClusterSpec
+from shoal.controller.names import DNS_LABEL_MAX, max_cluster_name_length, worker_set_name
 from shoal.planner.plan import layout_refusals
+
+# A cluster's name begins the names of its Services, StatefulSets and their pods'
+# labels: a DNS-1035 label (a Service name must start with a letter), short enough that
+# the longest of them fits (controller.names.longest_derived_names).
+NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+MAX_NAME_LENGTH = max_cluster_name_length(max_index=MAX_REPLICAS - 1)
 
 # vLLM flags shoal derives from other fields, and the field that sets each.
 MANAGED_FLAGS = {
@@ -66,9 +74,39 @@ def parse_cluster(manifest: dict[str, Any]) -> tuple[VLLMCluster | None, list[Sp
 
 
 def validate_cluster(manifest: dict[str, Any]) -> list[SpecError]:
-    """Every error in a manifest: schema errors, or else the spec's cross-field ones."""
+    """Every error in a manifest: its name's, and schema errors or else the spec's
+    cross-field ones."""
     cluster, errors = parse_cluster(manifest)
-    return errors if cluster is None else validate_spec(cluster.spec)
+    name = manifest.get("metadata", {}).get("name") if isinstance(manifest, dict) else None
+    name_errors = validate_name(name) if isinstance(name, str) else []
+    return name_errors + (errors if cluster is None else validate_spec(cluster.spec))
+
+
+def validate_name(name: str) -> list[SpecError]:
+    """A cluster's name as the names shoal derives from it need it."""
+    errors: list[SpecError] = []
+    if not re.match(NAME_PATTERN, name):
+        errors.append(
+            SpecError(
+                "metadata.name",
+                f"{name!r} is not a DNS-1035 label: use lowercase letters, digits and '-', "
+                "starting with a letter and ending with a letter or digit (shoal names "
+                "Services after it, and a Service name must start with a letter)",
+                "name-dns-label",
+            )
+        )
+    if len(name) > MAX_NAME_LENGTH:
+        longest = worker_set_name(name, MAX_REPLICAS - 1)
+        errors.append(
+            SpecError(
+                "metadata.name",
+                f"{len(name)} characters is too long: at most {MAX_NAME_LENGTH}, so that "
+                f"StatefulSets such as {longest} and their pods' controller-revision-hash "
+                f"label (<set name>-<10-character hash>) fit in {DNS_LABEL_MAX}",
+                "name-length",
+            )
+        )
+    return errors
 
 
 def _schema_error(detail: ErrorDetails) -> SpecError:

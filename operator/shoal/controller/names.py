@@ -47,6 +47,13 @@ ROUTER_PORT = 8000
 # vLLM's default port for the torch.distributed rendezvous of a multi-node group.
 MASTER_PORT = 29501
 
+# Services, pod hostnames and label values are DNS labels: at most 63 characters.
+DNS_LABEL_MAX = 63
+# The StatefulSet controller labels each pod controller-revision-hash=<set name>-<hash>,
+# the hash a uint32 in at most 10 characters: a set whose name leaves no room for it
+# creates no pods at all.
+REVISION_HASH_SUFFIX = "-" + "x" * 10
+
 
 def leader_set_name(cluster: str, index: int) -> str:
     return f"{cluster}-r{index}"
@@ -68,6 +75,25 @@ def router_name(cluster: str) -> str:
 
 def pdb_name(cluster: str) -> str:
     return f"{cluster}-engines"
+
+
+def longest_derived_names(cluster: str, *, max_index: int) -> dict[str, str]:
+    """What each name or label value made from the cluster's name looks like at its
+    longest (replica max_index), for those Kubernetes holds to a DNS label."""
+    return {
+        "the router Service": router_name(cluster),
+        "the engines' headless Service": engine_service_name(cluster),
+        "a leader pod's controller-revision-hash label": leader_set_name(cluster, max_index)
+        + REVISION_HASH_SUFFIX,
+        "a worker pod's controller-revision-hash label": worker_set_name(cluster, max_index)
+        + REVISION_HASH_SUFFIX,
+    }
+
+
+def max_cluster_name_length(*, max_index: int) -> int:
+    """The longest cluster name whose derived names all fit in a DNS label."""
+    longest = max(len(name) for name in longest_derived_names("", max_index=max_index).values())
+    return DNS_LABEL_MAX - longest
 
 
 def leader_pod_name(cluster: str, index: int) -> str:

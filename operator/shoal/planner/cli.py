@@ -16,7 +16,7 @@ import yaml
 from shoal.api import KIND
 from shoal.api.capacity import gpu_of, plan_spec, resolve_architecture
 from shoal.api.resource import VLLMCluster
-from shoal.api.validation import SpecError, parse_cluster, validate_spec
+from shoal.api.validation import SpecError, parse_cluster, validate_name, validate_spec
 from shoal.planner.architecture import Architecture, Attention, KVCacheDtype, WeightDtype
 from shoal.planner.layout import Layout, parse_layout
 from shoal.planner.plan import GPU, ROUNDING_NOTE, plan
@@ -163,8 +163,10 @@ def _clusters(text: str) -> Iterator[dict[str, Any]]:
 
 def _report(manifest: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The JSON report of one manifest and its text form."""
-    name = str((manifest.get("metadata") or {}).get("name", "(unnamed)"))
+    given_name = (manifest.get("metadata") or {}).get("name")
+    name = str(given_name or "(unnamed)")
     cluster, errors = parse_cluster(manifest)
+    name_errors = validate_name(given_name) if isinstance(given_name, str) else []
     lines = [f"{KIND} {name}"]
     capacity = None
     if cluster is not None:
@@ -173,6 +175,7 @@ def _report(manifest: dict[str, Any]) -> tuple[dict[str, Any], str]:
         lines += _capacity_lines(cluster, capacity is not None)
         if capacity is not None:
             lines.append(render([capacity]))
+    errors = name_errors + errors
     if errors:
         lines.append(f"{name} is invalid:")
         lines += [f"  {error}" for error in errors]
