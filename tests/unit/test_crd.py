@@ -112,7 +112,17 @@ def test_subresources_names_and_columns() -> None:
         "labelSelectorPath": ".status.selector",
     }
     columns = [column["name"] for column in version["additionalPrinterColumns"]]
-    assert columns == ["Replicas", "Ready", "Warm", "TP", "PP", "Model", "Policy", "Age"]
+    assert columns == [
+        "Replicas",
+        "Ready",
+        "Warm",
+        "TP",
+        "PP",
+        "Model",
+        "Policy",
+        "Status",
+        "Age",
+    ]
 
 
 def test_status_has_no_defaults() -> None:

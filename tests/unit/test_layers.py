@@ -28,6 +28,7 @@ PURE_CONTROLLER = (
     "decide",
     "desired",
     "engine",
+    "failures",
     "identity",
     "names",
     "observe",

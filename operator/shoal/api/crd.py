@@ -33,6 +33,13 @@ PRINTER_COLUMNS = (
     ("PP", "integer", ".spec.parallelism.pipeline", "Pipeline-parallel size."),
     ("Model", "string", ".spec.model.name", "The model served."),
     ("Policy", "string", ".spec.router.policy", "The router's policy."),
+    (
+        "Status",
+        "string",
+        '.status.conditions[?(@.type=="Degraded")].reason',
+        "Degraded's reason: AsExpected, or what fails (EngineCrashLooping, ImagePullFailing, "
+        "...); kubectl describe shows what to do.",
+    ),
 )
 
 # Keys dropped from every node: pydantic's, or not allowed in a structural schema.

@@ -40,6 +40,12 @@ class ReplicaState(StrEnum):
     RESTARTING = "Restarting"
     DRAINING = "Draining"
     HELD = "Held"
+    # Its engine container keeps exiting (kubelet's CrashLoopBackOff, OOMKilled).
+    CRASH_LOOPING = "CrashLooping"
+    # Its image cannot be pulled (ErrImagePull, ImagePullBackOff, InvalidImageName).
+    IMAGE_PULL_FAILING = "ImagePullFailing"
+    # Its container cannot be created: a Secret or ConfigMap (key) it needs is missing.
+    MISCONFIGURED = "Misconfigured"
 
 
 # metav1.Condition's reason: CamelCase, as apimachinery validates it.
@@ -95,7 +101,9 @@ class ReplicaStatus(ApiModel):
 
     index: int = Field(ge=0, description="Replica index i (StatefulSet <cluster>-r<i>).")
     state: ReplicaState = Field(
-        description="Starting, Warming, Serving, Unhealthy, Restarting, Draining or Held."
+        description="Starting, Warming, Serving, Unhealthy, Restarting, Draining, Held, "
+        "CrashLooping (its engine keeps exiting), ImagePullFailing or Misconfigured (a "
+        "Secret or ConfigMap it needs is missing)."
     )
     pods: list[str] = Field(default_factory=list, max_length=1024, description="Its pods.")
     nodes: list[str] = Field(default_factory=list, max_length=1024, description="Their nodes.")
@@ -114,6 +122,22 @@ class ReplicaStatus(ApiModel):
         max_length=32,
         description="Restarts shoal made of it within the restart budget's window "
         "(RFC 3339), so that a restarted operator keeps counting them.",
+    )
+    container_restarts: int = Field(
+        default=0,
+        ge=0,
+        description="Restarts kubelet made of its pods' containers (restartCount, summed).",
+    )
+    last_termination: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="How its engine last exited, while its pods keep that record "
+        "(e.g. 'exit code 1 (Error)', 'OOMKilled').",
+    )
+    message: str | None = Field(
+        default=None,
+        max_length=2048,
+        description="Why it is CrashLooping, ImagePullFailing or Misconfigured, and what to do.",
     )
     warmup_hit_ratio: float | None = Field(
         default=None, ge=0, description="Prefix-cache hit ratio its warm-up check measured."

@@ -1,9 +1,12 @@
 """The actual state of one cluster, read from its listed StatefulSets, pods and
-router Deployment into plain facts. Pure."""
+router Deployment into plain facts (a pod's containers as kubelet reports
+them included: why one waits, how it last exited, how often it restarted).
+Pure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from shoal.api.status import ConditionStatus
@@ -20,6 +23,50 @@ from shoal.controller.names import (
 )
 
 REVISION_LABEL = "controller-revision-hash"
+
+
+class Waiting(StrEnum):
+    """Why kubelet holds a container back, for the reasons that mean trouble
+    (others, such as ContainerCreating, are a normal start)."""
+
+    CRASH_LOOP = "CrashLoopBackOff"
+    PULL_ERROR = "ErrImagePull"
+    PULL_BACKOFF = "ImagePullBackOff"
+    INVALID_IMAGE = "InvalidImageName"
+    CONFIG_ERROR = "CreateContainerConfigError"
+    CREATE_ERROR = "CreateContainerError"
+    RUN_ERROR = "RunContainerError"
+
+
+class ExitReason(StrEnum):
+    """How a container last terminated, as kubelet spells the common ones."""
+
+    COMPLETED = "Completed"
+    ERROR = "Error"
+    OOM_KILLED = "OOMKilled"
+    OTHER = "Other"
+
+
+@dataclass(frozen=True)
+class ContainerFacts:
+    name: str
+    image: str
+    running: bool
+    restarts: int  # kubelet's restartCount
+    waiting: Waiting | None = None  # None when running, or waiting as a start does
+    waiting_message: str | None = None
+    exit_code: int | None = None  # of its last termination (or its final one)
+    exit_reason: ExitReason | None = None
+    exit_message: str | None = None  # the termination message (a log tail, if asked for)
+
+    @property
+    def crashed(self) -> bool:
+        """Its last run ended in failure, and it is not running again."""
+        return (
+            not self.running
+            and self.exit_reason is not None
+            and self.exit_reason is not ExitReason.COMPLETED
+        ) or self.waiting is Waiting.CRASH_LOOP
 
 
 @dataclass(frozen=True)
@@ -40,6 +87,7 @@ class PodFacts:
     group: str | None
     unschedulable: str | None  # the scheduler's message, while it cannot place the pod
     gpus: int
+    containers: tuple[ContainerFacts, ...] = ()
 
     @property
     def running(self) -> bool:
@@ -148,6 +196,39 @@ def _status(condition: dict[str, Any] | None) -> ConditionStatus | None:
         return ConditionStatus.UNKNOWN
 
 
+def _enum_or_none(kind: type[Waiting], value: Any) -> Waiting | None:
+    try:
+        return kind(str(value))
+    except ValueError:
+        return None
+
+
+def container_facts(status: Manifest) -> ContainerFacts:
+    """One entry of a pod's containerStatuses."""
+    state, last = status.get("state") or {}, status.get("lastState") or {}
+    waiting = state.get("waiting") or {}
+    # The final termination if it is not coming back, else the last one.
+    ended = state.get("terminated") or last.get("terminated") or {}
+    exit_reason = None
+    if ended:
+        try:
+            exit_reason = ExitReason(str(ended.get("reason")))
+        except ValueError:
+            exit_reason = ExitReason.OTHER
+    code = ended.get("exitCode")
+    return ContainerFacts(
+        name=str(status.get("name", "")),
+        image=str(status.get("image", "")),
+        running="running" in state,
+        restarts=int(status.get("restartCount", 0) or 0),
+        waiting=_enum_or_none(Waiting, waiting.get("reason")) if waiting else None,
+        waiting_message=waiting.get("message") or None,
+        exit_code=int(code) if isinstance(code, int) else None,
+        exit_reason=exit_reason,
+        exit_message=ended.get("message") or None,
+    )
+
+
 def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
     meta, status = pod["metadata"], pod.get("status", {})
     index = _index(pod)
@@ -182,6 +263,7 @@ def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
         group=_annotations(pod).get(ANNOTATION_GROUP),
         unschedulable=unschedulable,
         gpus=gpus,
+        containers=tuple(container_facts(c) for c in status.get("containerStatuses") or []),
     )
 
 

@@ -55,7 +55,7 @@ from shoal.controller.names import (
 )
 from shoal.controller.observe import Observed, observe
 from shoal.controller.restarts import seed_restart_times
-from shoal.controller.status import StatusInputs, build_status, status_patch
+from shoal.controller.status import StatusInputs, build_status, degraded_event, status_patch
 from shoal.controller.warming import warmup_policy
 
 _log = logging.getLogger(__name__)
@@ -179,6 +179,9 @@ async def _reconcile(
             now=now_text(),
         )
     )
+    if (event := degraded_event(previous, status)) is not None:
+        log.warning("%s: %s", event.reason, event.message)
+        ctx.post_event(body, event)
     await _write_status(ctx, ref, state, previous, status)
     if decision.requeue_seconds is not None:
         log.debug("looking again in %.1fs", decision.requeue_seconds)

@@ -22,8 +22,9 @@ from shoal.api.status import (
     VLLMClusterStatus,
 )
 from shoal.api.validation import SpecError
-from shoal.controller.decide import Decision, Memory, Probes, group_complete
+from shoal.controller.decide import Decision, Event, EventType, Memory, Probes, group_complete
 from shoal.controller.engine import nodes_per_replica
+from shoal.controller.failures import last_termination, pod_failure, replica_failure
 from shoal.controller.names import ANNOTATION_PAUSED, leader_selector_text, router_name
 from shoal.controller.observe import Observed, ReplicaFacts
 from shoal.controller.restarts import recent_restarts, wall_seconds
@@ -113,6 +114,9 @@ def _state(inputs: StatusInputs, replica: ReplicaFacts, *, wanted: int, nodes: i
     members = replica.members
     if any(p.failed or p.unschedulable for p in members):
         return ReplicaState.UNHEALTHY
+    failure = replica_failure(replica)
+    if failure is not None:
+        return failure.state  # CrashLooping, ImagePullFailing, Misconfigured
     if index in inputs.decision.unhealthy:
         return ReplicaState.UNHEALTHY  # out of rotation for its health, not being restarted now
     terminating = any(p.terminating for p in replica.pods)
@@ -161,6 +165,7 @@ def _replica_status(
         ),
     )
     ratio, warmup = previous.get("warmupHitRatio"), previous.get("warmup")
+    failure = replica_failure(replica)
     leader = replica.leader_pod
     outcome = inputs.probes.warmups.get(leader.uid) if leader is not None else None
     if outcome is not None and not outcome.running:
@@ -176,6 +181,9 @@ def _replica_status(
         last_restart_reason=reason,
         last_restart_time=when,
         recent_restart_times=recent,
+        container_restarts=sum(c.restarts for p in members for c in p.containers),
+        last_termination=last_termination(replica),
+        message=failure.message if failure is not None else None,
         warmup_hit_ratio=ratio,
         warmup=warmup,
     )
@@ -283,6 +291,8 @@ def _degraded(inputs: StatusInputs) -> tuple[bool, str, str]:
                 )
             if pod.failed:
                 return True, "PodFailed", f"pod {pod.name} failed"
+            if (failure := pod_failure(pod)) is not None:
+                return True, failure.reason, f"replica {replica.index}: {failure.message}"
     return False, "AsExpected", "no replica is failing"
 
 
@@ -294,6 +304,23 @@ def _spec_valid(inputs: StatusInputs) -> tuple[bool, str, str]:
 
 def _list(indices: list[int]) -> str:
     return ", ".join(str(i) for i in indices)
+
+
+def degraded_event(previous: Mapping[str, Any], status: Mapping[str, Any]) -> Event | None:
+    """A Warning Event when Degraded turns True or its reason changes, so
+    `kubectl describe` tells the story (derived from the two statuses, so a
+    pass killed before its status write posts it again)."""
+
+    def degraded(of: Mapping[str, Any]) -> Mapping[str, Any]:
+        found = (c for c in of.get("conditions") or [] if c.get("type") == ConditionType.DEGRADED)
+        return next(found, {})
+
+    before, now = degraded(previous), degraded(status)
+    if now.get("status") != ConditionStatus.TRUE:
+        return None
+    if before.get("status") == ConditionStatus.TRUE and before.get("reason") == now.get("reason"):
+        return None
+    return Event(EventType.WARNING, str(now.get("reason")), str(now.get("message")))
 
 
 def status_patch(previous: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -1,0 +1,169 @@
+"""Why a replica's containers fail, and what to do about it, from what kubelet
+reports of them (observe's ContainerFacts). Pure.
+
+- a container in CrashLoopBackOff, or whose last run failed and that is not
+  running again, is CrashLooping: "exits with code N" (or OOMKilled), the
+  last line of its termination message when there is one, a fix when that
+  line names a known cause (401 from Hugging Face, an unknown flag, the KV
+  cache smaller than maxModelLen, CUDA out of memory), and the pod to read
+  the logs of;
+- ErrImagePull, ImagePullBackOff or InvalidImageName is ImagePullFailing;
+- CreateContainerConfigError (a Secret or ConfigMap key it needs is missing)
+  is Misconfigured; CreateContainerError and RunContainerError CrashLooping.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from shoal.api.status import ReplicaState
+from shoal.controller.observe import (
+    ContainerFacts,
+    ExitReason,
+    PodFacts,
+    ReplicaFacts,
+    Waiting,
+)
+
+_PULL = (Waiting.PULL_ERROR, Waiting.PULL_BACKOFF, Waiting.INVALID_IMAGE)
+_CANNOT_RUN = (Waiting.CREATE_ERROR, Waiting.RUN_ERROR)
+_LINE_CHARS = 300
+
+# (pattern in the engine's last words, what to do), first match wins.
+_HINTS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(
+            r"(401|403|unauthori[sz]ed|gated repo|access to model).*"
+            r"(hugging ?face|hf\.co|huggingface_hub|repo)"
+            r"|(hugging ?face|hf\.co|huggingface_hub|repo).*(401|403|unauthori[sz]ed|gated)",
+            re.IGNORECASE,
+        ),
+        "the Hugging Face Hub refused the download: set spec.model.source.hf.tokenSecret "
+        "to a Secret holding a token with access to the model",
+    ),
+    (
+        re.compile(r"unrecognized arguments|unrecognized option|no such option", re.IGNORECASE),
+        "vLLM refuses a flag: check spec.engine.extraArgs",
+    ),
+    (
+        re.compile(r"max_model_len|max model len|maxModelLen", re.IGNORECASE),
+        "the KV cache cannot hold spec.engine.maxModelLen tokens: lower it, or give the "
+        "KV cache more memory (spec.engine.gpuMemoryUtilization)",
+    ),
+    (
+        re.compile(r"CUDA out of memory|OutOfMemoryError", re.IGNORECASE),
+        "the GPU ran out of memory: lower spec.engine.gpuMemoryUtilization or "
+        "spec.engine.maxModelLen",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Failure:
+    state: ReplicaState
+    reason: str  # for Degraded, CamelCase
+    message: str  # what happened, and what to do
+
+
+def last_line(text: str | None) -> str | None:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1][:_LINE_CHARS] if lines else None
+
+
+def hint(text: str | None) -> str | None:
+    for pattern, fix in _HINTS:
+        if text and pattern.search(text):
+            return fix
+    return None
+
+
+def termination(container: ContainerFacts) -> str | None:
+    """'exit code 1 (Error)', 'OOMKilled (exit code 137)', or None if it never ended."""
+    if container.exit_reason is ExitReason.OOM_KILLED:
+        code = f" (exit code {container.exit_code})" if container.exit_code is not None else ""
+        return f"OOMKilled{code}"
+    if container.exit_code is None:
+        return None
+    return f"exit code {container.exit_code} ({container.exit_reason})"
+
+
+def _crash(pod: PodFacts, container: ContainerFacts) -> Failure:
+    restarts = f"{container.restarts} restart{'s' if container.restarts != 1 else ''}"
+    if container.exit_reason is ExitReason.OOM_KILLED:
+        return Failure(
+            ReplicaState.CRASH_LOOPING,
+            "EngineOOMKilled",
+            f"the engine of pod {pod.name} was OOMKilled ({restarts}): raise "
+            "spec.engine.resources.limits.memory (vLLM stages weights in host memory)",
+        )
+    said = container.exit_message or container.waiting_message
+    words = last_line(container.exit_message)
+    exited = (
+        f"exits with code {container.exit_code}"
+        if container.exit_code is not None
+        else "keeps exiting"
+    )
+    parts = [f"the engine of pod {pod.name} {exited} ({restarts})"]
+    if words:
+        parts.append(f'saying "{words}"')
+    fix = hint(said)
+    if fix:
+        parts.append(fix)
+    parts.append(f"see kubectl logs {pod.name} --previous")
+    return Failure(ReplicaState.CRASH_LOOPING, "EngineCrashLooping", ": ".join(parts))
+
+
+def container_failure(pod: PodFacts, container: ContainerFacts) -> Failure | None:
+    waiting = container.waiting
+    if waiting in _PULL:
+        return Failure(
+            ReplicaState.IMAGE_PULL_FAILING,
+            "ImagePullFailing",
+            f"image {container.image} cannot be pulled ({waiting}) for pod {pod.name}: "
+            "check spec.image and the registry's credentials (imagePullSecrets)",
+        )
+    if waiting is Waiting.CONFIG_ERROR:
+        said = container.waiting_message or "a Secret or ConfigMap it needs is missing"
+        return Failure(
+            ReplicaState.MISCONFIGURED,
+            "ContainerConfigError",
+            f"pod {pod.name} cannot start: {said}: create it, or fix the reference "
+            "(e.g. spec.model.source.hf.tokenSecret)",
+        )
+    if waiting in _CANNOT_RUN:
+        return Failure(
+            ReplicaState.CRASH_LOOPING,
+            "ContainerCannotRun",
+            f"pod {pod.name} cannot run its engine ({waiting}): {container.waiting_message or ''}",
+        )
+    if container.crashed and not pod.ready:
+        return _crash(pod, container)
+    return None
+
+
+def pod_failure(pod: PodFacts) -> Failure | None:
+    for container in pod.containers:
+        found = container_failure(pod, container)
+        if found is not None:
+            return found
+    return None
+
+
+def replica_failure(replica: ReplicaFacts) -> Failure | None:
+    """The first failing container of the replica's pods, leader first."""
+    for pod in replica.members:
+        found = pod_failure(pod)
+        if found is not None:
+            return found
+    return None
+
+
+def last_termination(replica: ReplicaFacts) -> str | None:
+    """How the replica's engine last exited, as its pods still record it."""
+    for pod in replica.members:
+        for container in pod.containers:
+            found = termination(container)
+            if found is not None:
+                return f"pod {pod.name}: {found}"
+    return None
