@@ -161,10 +161,10 @@ def test_two_routers_agree_without_shared_state(tmp_path: Path, policy: str) -> 
 
 
 def test_hung_and_crashed_replicas_cost_no_unstarted_request(tmp_path: Path) -> None:
-    # Metrics stay "fresh" for a minute, so the router keeps believing the
-    # crashed replica idle and tries it: the retry path, not staleness, saves
-    # the request.
-    config = {"timeouts": {"firstByteSeconds": 1}, "retries": 3, "staleAfterMilliseconds": 60000}
+    # Round-robin tries every replica in turn, whatever their load (the
+    # crashed one's failing scrapes count it busy): the retry path saves the
+    # request.
+    config = {"timeouts": {"firstByteSeconds": 1}, "retries": 3, "policy": "round-robin"}
     with sims(3, tmp_path) as urls, router(urls, tmp_path, config=config) as front:
         wait_scraped(front, urls)
         set_fault(urls[0], hang=True)  # /health still 200, requests never answered
@@ -180,7 +180,8 @@ def _stream_until_broken(
     front: str, urls: Engines, *, max_tokens: int, act: Callable[[int, bytes], None]
 ) -> tuple[int, bytes]:
     """Stream a long completion, calling `act(serving engine's index, bytes
-    received so far)` after every chunk, until the stream breaks (it must).
+    received so far)` after every chunk, until the stream breaks (it must:
+    the router ends it with an SSE error event OpenAI clients raise on).
     Returns the serving engine's index and the bytes received."""
     received = b""
     with httpx.stream(
@@ -193,11 +194,12 @@ def _stream_until_broken(
     ) as response:
         serving = response.headers["x-shoal-replica"]
         index = [u.removeprefix("http://") for u in urls].index(serving)
-        with pytest.raises(httpx.HTTPError):
-            for chunk in response.iter_raw():
-                received += chunk
-                act(index, received)
-    assert received and b"[DONE]" not in received, "the stream ended early, as it must"
+        for chunk in response.iter_raw():
+            received += chunk
+            act(index, received)
+    events = [line for line in received.split(b"\n") if line.startswith(b"data: ")]
+    assert b'"finish_reason":"length"' not in received, "the stream ended early, as it must"
+    assert events[-1] == b"data: [DONE]" and b'{"error": ' in events[-2], events[-3:]
     return index, received
 
 

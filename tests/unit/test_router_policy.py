@@ -1,5 +1,5 @@
-"""The router's pure parts: prefix hashing, the prefix index, load scores,
-the circuit breaker and every policy, on plain data."""
+"""The router's pure parts: prefix hashing, the prefix index, load scores
+and every policy, on plain data (the circuit breaker: test_router_breaker)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 
 from shoal.api.router import RouterPolicy
 from shoal.engine.metrics import MetricsSnapshot
-from shoal.router.breaker import CircuitBreaker, CircuitState
 from shoal.router.config import RouterConfig
 from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.index import PrefixIndex
@@ -126,22 +125,6 @@ def test_load_score_weights_inflight_and_staleness() -> None:
     assert load_from_signals(MetricsSnapshot(kv_usage=0.96), inflight=0, config=config).saturated
     stale = load_from_signals(None, inflight=0, config=config)
     assert stale.score == 1.0 and stale.saturated
-
-
-def test_breaker_opens_then_lets_one_probe_through() -> None:
-    breaker = CircuitBreaker(failure_threshold=3, open_seconds=10)
-    for t in range(3):
-        assert breaker.allows(t)
-        breaker.on_failure(t)
-    assert breaker.state(3) is CircuitState.OPEN and not breaker.allows(3)
-    assert breaker.state(12.5) is CircuitState.HALF_OPEN and breaker.allows(12.5)
-    breaker.on_start(12.5)
-    assert not breaker.allows(12.6), "only one probe at a time"
-    breaker.on_failure(13)
-    assert breaker.state(14) is CircuitState.OPEN
-    breaker.on_start(23.5)
-    breaker.on_success()
-    assert breaker.state(24) is CircuitState.CLOSED
 
 
 def fleet(loads: list[float], hits: list[float] | None = None) -> list[Candidate]:

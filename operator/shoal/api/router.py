@@ -156,6 +156,16 @@ class RouterTimeouts(ApiModel):
     total_seconds: int = Field(
         default=600, ge=1, le=86400, description="For the whole response, streaming included."
     )
+    # A loaded engine's decode step takes tens to hundreds of milliseconds;
+    # a gap of 30 s between chunks is an engine that stopped, not a slow one.
+    stall_seconds: int = Field(
+        default=30,
+        ge=1,
+        le=86400,
+        description="Longest gap between two chunks of a streamed answer (the first chunk "
+        "has firstByteSeconds); past it the stream ends with an error event, the engine's "
+        "request is aborted and the replica counts a failure.",
+    )
 
 
 class CircuitBreaker(ApiModel):
@@ -239,7 +249,9 @@ class RouterSettings(ApiModel):
         ge=0,
         le=10,
         description="Retries on another replica, only before any byte of the response was "
-        "sent, on connection errors and 502/503.",
+        "sent: on connection errors, timeouts and server errors (5xx). A server error that "
+        "recurs on a second replica is the request's: it goes back to the client and counts "
+        "against neither replica.",
     )
     circuit_breaker: CircuitBreaker = Field(default_factory=CircuitBreaker)
     queue: RouterQueue = Field(default_factory=RouterQueue)

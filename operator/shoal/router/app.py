@@ -63,7 +63,7 @@ class Router:
             api_keys=key_file.keys if key_file else [],
             hot=self.hot,
         )
-        self.scraper = Scraper(fleet=self.fleet, on_change=self._after_scrape)
+        self.scraper = Scraper(fleet=self.fleet, metrics=self.metrics, on_change=self._after_scrape)
         self.draining = False
         self._tasks: list[asyncio.Task[None]] = []
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from http import HTTPStatus
+from typing import Any
 
 from aiohttp import web
 
@@ -14,15 +15,14 @@ _TYPES = {
     401: "AuthenticationError",
     404: "NotFoundError",
     413: "BadRequestError",
+    415: "BadRequestError",
     429: "RateLimitError",
     503: "ServiceUnavailableError",
 }
 
 
-def error_response(
-    status: int, message: str, *, param: str | None = None, headers: dict[str, str] | None = None
-) -> web.Response:
-    body = {
+def error_body(status: int, message: str, *, param: str | None = None) -> dict[str, Any]:
+    return {
         "error": {
             "message": message,
             "type": _TYPES.get(status, HTTPStatus(status).phrase.replace(" ", "") + "Error"),
@@ -30,6 +30,21 @@ def error_response(
             "code": status,
         }
     }
+
+
+def error_response(
+    status: int, message: str, *, param: str | None = None, headers: dict[str, str] | None = None
+) -> web.Response:
     return web.Response(
-        status=status, text=json.dumps(body), content_type="application/json", headers=headers
+        status=status,
+        text=json.dumps(error_body(status, message, param=param)),
+        content_type="application/json",
+        headers=headers,
     )
+
+
+def sse_error(status: int, message: str) -> bytes:
+    """The error event that ends a stream broken off after its first byte:
+    OpenAI's SDKs raise an APIError on an event whose data has `error`; the
+    leading blank lines end any event the engine left cut short."""
+    return b"\n\ndata: %s\n\ndata: [DONE]\n\n" % json.dumps(error_body(status, message)).encode()

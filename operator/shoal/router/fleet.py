@@ -7,8 +7,14 @@ The request path only reads memory, and must decide in well under 100 us for
 saturation, in-flight count) is recomputed when something it depends on
 changes (a scrape, a request starting or ending, a breaker transition,
 discovery) and not once per request; a request only adds its prefix hits.
-Time-based changes (metrics going stale, an open breaker turning half-open)
-are swept on every scrape round (default every 250 ms).
+Time-based changes (metrics going stale, an open breaker turning half-open,
+recent errors fading) are swept on every scrape round (default every 250 ms).
+
+A replica whose metrics cannot be read (a failing, hanging or unparseable
+scrape, or none for a while) has an unknown load: it stays routable and
+counts as busy, never as idle, so broken metrics alone neither take it out
+of rotation nor draw traffic to it. Its recent error rate adds to its load
+score, so a replica failing fast never looks idle either.
 """
 
 from __future__ import annotations
@@ -18,12 +24,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shoal.engine.metrics import MetricsSnapshot
-from shoal.router.breaker import CircuitBreaker
+from shoal.router.breaker import CircuitBreaker, Outcome
 from shoal.router.config import RouterConfig
 from shoal.router.index import PrefixIndex
 from shoal.router.policy import Candidate, Choice, Chooser, RequestFacts
 from shoal.router.prefix import PrefixKey
-from shoal.router.signals import Load, load_from_inflight, load_from_signals
+from shoal.router.signals import Load, load_from_inflight, load_from_signals, load_unknown
+
+# Recent errors: each attempt's outcome moves a replica's error rate this far
+# towards 1 (failed) or 0 (answered), and the rate halves every
+# ERROR_HALF_LIFE seconds, so a replica that stopped failing is trusted again
+# even while it gets little traffic.
+ERROR_WEIGHT = 0.2
+ERROR_HALF_LIFE = 10.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,8 @@ class Replica:
     scraped_at: float | None = None
     inflight: int = 0
     pending: float = 0.0  # estimated prompt tokens sent and not yet prefilled
+    errors: float = 0.0  # recent error rate, 0 to 1
+    scrape_failing: bool = False  # the latest scrape failed: load unknown
 
     def __post_init__(self) -> None:
         self.id = self.endpoint.id
@@ -59,6 +74,7 @@ class Fleet:
         self.version = 0  # bumped on any change that can free capacity
         self._views: dict[str, Candidate] = {}  # routable replicas whose breaker admits
         self._all_stale = True
+        self._swept = time.monotonic()
 
     # ---- changes
     def update(self, endpoints: Iterable[Endpoint]) -> None:
@@ -69,9 +85,12 @@ class Fleet:
             seen.add(endpoint.id)
             replica = self.replicas.get(endpoint.id)
             if replica is None:
+                timeouts = self.config.timeouts
                 breaker = CircuitBreaker(
                     failure_threshold=self.config.circuit_breaker.failure_threshold,
                     open_seconds=self.config.circuit_breaker.open_seconds,
+                    # The longest a probe can take to answer or fail.
+                    probe_seconds=timeouts.connect_seconds + timeouts.first_byte_seconds,
                 )
                 self.replicas[endpoint.id] = Replica(endpoint=endpoint, breaker=breaker)
                 self.index.add_replica(endpoint.id)
@@ -89,11 +108,17 @@ class Fleet:
         if signals is not None:
             replica.signals = signals
             replica.scraped_at = now
+        replica.scrape_failing = signals is None
         self.version += 1
 
     def sweep(self, now: float) -> None:
         """Recompute every replica's view: after a scrape round, on discovery
-        changes, and so staleness and half-open breakers take effect."""
+        changes, and so staleness, half-open breakers and fading errors take
+        effect."""
+        fade = 0.5 ** ((now - self._swept) / ERROR_HALF_LIFE)
+        self._swept = now
+        for replica in self.replicas.values():
+            replica.errors *= fade
         routable = self.routable()
         self._all_stale = not any(self.fresh(r, now) for r in routable)
         self._views = {}
@@ -101,14 +126,16 @@ class Fleet:
             self._refresh(replica, now)
         self.version += 1
 
-    def begin(self, replica: Replica, *, prefill_tokens: float = 0.0) -> None:
+    def begin(self, replica: Replica, *, prefill_tokens: float = 0.0) -> int:
         """A request was sent to replica, with about `prefill_tokens` of its
-        prompt not cached there."""
+        prompt not cached there. Returns the attempt's breaker ticket, for
+        `verdict`."""
         replica.inflight += 1
         replica.pending += prefill_tokens
         now = time.monotonic()
-        replica.breaker.on_start(now)
+        ticket = replica.breaker.start(now)
         self._refresh(replica, now)
+        return ticket
 
     def prefilled(self, replica: Replica, tokens: float) -> None:
         """A request's first output arrived: its prompt is no longer ahead of
@@ -117,16 +144,20 @@ class Fleet:
         replica.pending = max(replica.pending - tokens, 0.0)
         self._refresh(replica, time.monotonic())
 
-    def end(self, replica: Replica, *, ok: bool | None) -> None:
-        """A request to replica ended: ok, failed (counts against its
-        breaker), or None when the outcome says nothing about the replica."""
+    def verdict(self, replica: Replica, ticket: int, outcome: Outcome) -> None:
+        """What an attempt (its ticket from `begin`) says about its replica.
+        Every attempt gives one before its `end`, Outcome.NONE when nothing:
+        so a half-open probe always frees its slot."""
+        if outcome is Outcome.OK:
+            replica.errors -= ERROR_WEIGHT * replica.errors
+        elif outcome is Outcome.FAILED:
+            replica.errors += ERROR_WEIGHT * (1.0 - replica.errors)
+        replica.breaker.finish(ticket, outcome, time.monotonic())
+
+    def end(self, replica: Replica) -> None:
+        """A request to replica ended."""
         replica.inflight -= 1
-        now = time.monotonic()
-        if ok is True:
-            replica.breaker.on_success()
-        elif ok is False:
-            replica.breaker.on_failure(now)
-        self._refresh(replica, now)
+        self._refresh(replica, time.monotonic())
         self.version += 1
 
     def _refresh(self, replica: Replica, now: float) -> None:
@@ -139,7 +170,7 @@ class Fleet:
         load = self._load(replica, now)
         self._views[replica.id] = Candidate(
             replica.id,
-            load.score,
+            load.score + replica.errors,
             load.saturated,
             replica.inflight,
             0.0,
@@ -149,10 +180,14 @@ class Fleet:
 
     def _load(self, replica: Replica, now: float) -> Load:
         if self._all_stale:
-            # Broken metrics everywhere must not become a total outage.
+            # Nobody's load is known: route on own in-flight counts.
             return load_from_inflight(inflight=replica.inflight, config=self.config)
-        signals = replica.signals if self.fresh(replica, now) else None
-        return load_from_signals(signals, inflight=replica.inflight, config=self.config)
+        if replica.scraped_at is None and not replica.scrape_failing:
+            # Its first scrape round is still out: not yet a candidate.
+            return load_from_signals(None, inflight=replica.inflight, config=self.config)
+        if not self.fresh(replica, now):
+            return load_unknown(inflight=replica.inflight, config=self.config)
+        return load_from_signals(replica.signals, inflight=replica.inflight, config=self.config)
 
     # ---- reads
     def routable(self) -> list[Replica]:
@@ -161,6 +196,7 @@ class Fleet:
     def fresh(self, replica: Replica, now: float) -> bool:
         return (
             replica.scraped_at is not None
+            and not replica.scrape_failing
             and now - replica.scraped_at <= self.config.stale_after_seconds
         )
 

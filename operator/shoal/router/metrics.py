@@ -84,6 +84,13 @@ class RouterMetrics:
         self.routable = Gauge(
             "shoal_router_routable_endpoints", "Replicas that may take traffic.", registry=r
         )
+        self.scrape_failures = Counter(
+            "shoal_router_scrape_failures",
+            "Scrapes of a replica's /metrics that failed, timed out or could not be parsed; "
+            "meanwhile its load counts as unknown (busy, still routable).",
+            ["replica"],
+            registry=r,
+        )
         self.inflight = Gauge(
             "shoal_router_inflight_requests",
             "Requests in flight, by replica.",
@@ -110,7 +117,7 @@ class RouterMetrics:
 
     def forget(self, replica: str) -> None:
         self._series.pop(replica, None)
-        for gauge in (self.circuit, self.load, self.inflight):
+        for gauge in (self.circuit, self.load, self.inflight, self.scrape_failures):
             with contextlib.suppress(KeyError):
                 gauge.remove(replica)
 

@@ -19,8 +19,9 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from shoal.router.breaker import Outcome
 from shoal.router.config import RouterConfig
-from shoal.router.errors import error_response
+from shoal.router.errors import error_response, sse_error
 from shoal.router.fleet import Fleet, Replica
 from shoal.router.hot import HotPrefixes
 from shoal.router.metrics import RouterMetrics
@@ -31,8 +32,6 @@ from shoal.router.upstream import Exchange, Pool, UpstreamError, request_head
 
 log = logging.getLogger("shoal.router")
 
-# Upstream answers that mean "this replica cannot take it now": try another.
-RETRYABLE_STATUS = frozenset({502, 503})
 # Which replica answered: for debugging, and for tests that count placements.
 REPLICA_HEADER = "x-shoal-replica"
 _HOP_BY_HOP = frozenset(
@@ -54,6 +53,18 @@ class UpstreamFailed(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class ServerError(Exception):
+    """A replica answered a server error (5xx) before any byte reached the
+    client. Whose fault it is waits on another replica's answer, so the
+    attempt's verdict is left to the caller."""
+
+    def __init__(self, *, replica: Replica, ticket: int, response: web.Response) -> None:
+        super().__init__(f"status_{response.status}")
+        self.replica = replica
+        self.ticket = ticket
+        self.response = response
 
 
 class Proxy:
@@ -151,41 +162,67 @@ class Proxy:
 
         stream = bool(body.get("stream"))
         tried: set[str] = set()
+        # A replica's 5xx, held until another replica's answer says whose it
+        # is: the replica's if another answers, the request's if it recurs.
+        held: ServerError | None = None
+        held_outcome = Outcome.NONE
         attempts = self.config.retries + 1
         last_failure = "no replica available"
-        for attempt in range(attempts):
-            t0 = time.perf_counter()
-            choice, anyone = self.fleet.decide(self.chooser, key, facts, exclude=frozenset(tried))
-            decision_seconds += time.perf_counter() - t0
-            if choice is None and not anyone:
-                # Nobody left to try (none routable, breakers open, or all
-                # tried already): queueing would only delay the answer.
-                break
-            if choice is None:
-                waited = await self._wait_for_capacity(key, facts, tried)
-                if isinstance(waited, web.Response):
-                    return waited
-                choice = waited
-            if attempt == 0:
-                self.metrics.decision.observe(decision_seconds)
-                self.metrics.predicted_hit.observe(choice.predicted_hit)
-            replica = self.fleet.replicas.get(choice.replica)
-            if replica is None:
-                continue
-            tried.add(replica.id)
-            self.fleet.index.record(replica.id, key.hashes)
-            try:
-                # What the replica must prefill of this prompt, as far as we know.
-                prefill = facts.prompt_tokens - choice.predicted_hit * facts.prefix_tokens
-                response = await self._forward(
-                    request, replica, raw, stream=stream, prefill=prefill
+        try:
+            for attempt in range(attempts):
+                t0 = time.perf_counter()
+                choice, anyone = self.fleet.decide(
+                    self.chooser, key, facts, exclude=frozenset(tried)
                 )
-            except UpstreamFailed as failure:
-                last_failure = failure.reason
-                self.metrics.retries.labels(failure.reason).inc()
-                continue
-            self.metrics.latency.observe(time.perf_counter() - started)
-            return response
+                decision_seconds += time.perf_counter() - t0
+                if choice is None and not anyone:
+                    # Nobody left to try (none routable, breakers open, or all
+                    # tried already): queueing would only delay the answer.
+                    break
+                if choice is None:
+                    waited = await self._wait_for_capacity(key, facts, tried)
+                    if isinstance(waited, web.Response):
+                        return waited
+                    choice = waited
+                if attempt == 0:
+                    self.metrics.decision.observe(decision_seconds)
+                    self.metrics.predicted_hit.observe(choice.predicted_hit)
+                replica = self.fleet.replicas.get(choice.replica)
+                if replica is None:
+                    continue
+                tried.add(replica.id)
+                self.fleet.index.record(replica.id, key.hashes)
+                try:
+                    # What the replica must prefill of this prompt, as far as we know.
+                    prefill = facts.prompt_tokens - choice.predicted_hit * facts.prefix_tokens
+                    response = await self._forward(
+                        request, replica, raw, stream=stream, prefill=prefill
+                    )
+                except UpstreamFailed as failure:
+                    last_failure = failure.reason
+                    self.metrics.retries.labels(failure.reason).inc()
+                    continue
+                except ServerError as error:
+                    if held is not None:
+                        # The same request failed on a second replica: the
+                        # request's failure, counted against neither.
+                        self.fleet.verdict(error.replica, error.ticket, Outcome.NONE)
+                        self.metrics.requests.labels("none", str(error.response.status)).inc()
+                        return error.response
+                    held = error
+                    self.metrics.retries.labels(str(error)).inc()
+                    continue
+                # Another replica answered: the held 5xx was its replica's.
+                held_outcome = Outcome.FAILED
+                self.metrics.latency.observe(time.perf_counter() - started)
+                return response
+            if held is not None:
+                # Nobody else to ask: the engine's own answer, and its failure.
+                held_outcome = Outcome.FAILED
+                return held.response
+        finally:
+            if held is not None:
+                self.fleet.verdict(held.replica, held.ticket, held_outcome)
         self.metrics.requests.labels("none", "503").inc()
         if not tried:
             return error_response(503, "No replica is ready to serve requests.")
@@ -239,9 +276,12 @@ class Proxy:
         stream: bool,
         prefill: float,
     ) -> web.StreamResponse:
+        """One attempt. Its verdict on the replica is given here (at the
+        latest in `finally`, Outcome.NONE when it says nothing), except for a
+        5xx, whose verdict goes to the caller with the ServerError."""
         name = replica.endpoint.name
         series = self.metrics.series(name)
-        self.fleet.begin(replica, prefill_tokens=prefill)
+        ticket = self.fleet.begin(replica, prefill_tokens=prefill)
         pending = [prefill]  # cleared when the first output shows the prefill done
 
         def prefilled() -> None:
@@ -254,56 +294,67 @@ class Proxy:
         timeouts = self.config.timeouts
         now = asyncio.get_running_loop().time()
         deadline = now + timeouts.total_seconds
+        first_byte_by = min(now + timeouts.first_byte_seconds, deadline)
         exchange: Exchange | None = None
-        outcome: bool | None = None
+        verdict: Outcome | None = Outcome.NONE  # still to give; None once given
         try:
             try:
                 # asyncio.timeout, not wait_for: no extra task per request.
-                async with asyncio.timeout_at(min(now + timeouts.first_byte_seconds, deadline)):
+                async with asyncio.timeout_at(first_byte_by):
                     exchange, status, headers = await self._send(
                         replica, request.rel_url.raw_path, raw, on_first=prefilled
                     )
             except TimeoutError as error:
-                outcome = False
+                verdict = Outcome.FAILED
                 series.requests(504).inc()  # retried elsewhere, but the replica failed
                 raise UpstreamFailed("first_byte_timeout") from error
             except UpstreamError as error:
-                outcome = False
+                verdict = Outcome.FAILED
                 series.requests(502).inc()
                 raise UpstreamFailed("connect_error") from error
-            if status in RETRYABLE_STATUS:
-                outcome = False
-                series.requests(status).inc()
-                raise UpstreamFailed(f"status_{status}")
             series.ttft.observe(time.perf_counter() - sent_at)
-            # Other server errors pass through (the engine's own answer), but
-            # count against the replica's breaker.
-            outcome = status < 500
+            if status >= 500:
+                try:
+                    answer = await self._whole(exchange, status, headers, deadline=deadline)
+                except UpstreamFailed:
+                    verdict = Outcome.FAILED
+                    series.requests(502).inc()
+                    raise
+                series.requests(status).inc()
+                verdict = None
+                raise ServerError(replica=replica, ticket=ticket, response=answer)
+            # The engine answered (a 4xx is the request's): the verdict now,
+            # so a half-open probe closes the breaker without waiting for the
+            # end of its stream.
+            self.fleet.verdict(replica, ticket, Outcome.OK)
+            verdict = None
             if stream and status == 200:
-                async with asyncio.timeout_at(deadline):
-                    response = await self._stream(request, exchange, status, headers)
+                response, failure = await self._stream(
+                    request,
+                    exchange,
+                    status,
+                    headers,
+                    first_chunk_by=first_byte_by,
+                    deadline=deadline,
+                )
+                if failure is not None:
+                    verdict = Outcome.FAILED
+                    log.warning("stream from %s broke after its first byte: %s", name, failure)
             else:
                 try:
                     response = await self._whole(exchange, status, headers, deadline=deadline)
                 except UpstreamFailed:
-                    outcome = False
+                    verdict = Outcome.FAILED
                     series.requests(502).inc()
                     raise
                 if response.status == 504:
-                    outcome = False
+                    verdict = Outcome.FAILED
             series.requests(response.status).inc()
             return response
         except asyncio.CancelledError:
             # The client went away: the connection is dropped below, so the
             # engine aborts the request and frees its KV blocks.
-            outcome = None
             series.requests(499).inc()
-            raise
-        except (UpstreamError, TimeoutError):
-            # Broke mid-stream, after bytes reached the client: no retry. The
-            # client sees an incomplete response rather than a hang.
-            outcome = False
-            log.warning("upstream stream broke after the first byte")
             raise
         finally:
             if exchange is not None:
@@ -312,7 +363,9 @@ class Proxy:
                 # is dropped, which is how the engine learns to stop.
                 exchange.release()
             prefilled()
-            self.fleet.end(replica, ok=outcome)
+            if verdict is not None:
+                self.fleet.verdict(replica, ticket, verdict)
+            self.fleet.end(replica)
             self.inflight -= 1
             series.inflight.set(replica.inflight)
             series.circuit.set(int(replica.breaker.state(time.monotonic())))
@@ -369,7 +422,12 @@ class Proxy:
         exchange: Exchange,
         status: int,
         headers: CIMultiDict[str],
-    ) -> web.StreamResponse:
+        *,
+        first_chunk_by: float,
+        deadline: float,
+    ) -> tuple[web.StreamResponse, str | None]:
+        """Relay a streamed answer; the second value says why it broke off
+        after its first byte (then the client got an SSE error event)."""
         response = web.StreamResponse(status=status, headers=headers)
         writer = await response.prepare(request)
         assert writer is not None and request.transport is not None
@@ -385,11 +443,30 @@ class Proxy:
         # client in the same callback (no task switch per chunk); this task
         # only waits for the end.
         chunked = response.headers.get("Transfer-Encoding") == "chunked"
-        exchange.attach(ChunkRelay(request.transport, exchange, writer, chunked=chunked))
-        await exchange.done
+        relay = ChunkRelay(
+            request.transport,
+            exchange,
+            writer,
+            chunked=chunked,
+            stall_seconds=self.config.timeouts.stall_seconds,
+            first_chunk_by=first_chunk_by,
+            deadline=deadline,
+        )
+        exchange.attach(relay)
+        failure: str | None = None
+        try:
+            await exchange.done
+        except UpstreamError as error:
+            failure = relay.failure or f"The replica's stream broke off ({error})."
+        finally:
+            relay.stop()
         with contextlib.suppress(ConnectionResetError):
+            if failure is not None:
+                # What OpenAI clients raise on (an error object in the data);
+                # the blank lines end any event the engine left cut short.
+                await response.write(sse_error(502, failure))
             await response.write_eof()
-        return response
+        return response, failure
 
 
 def _session_key(request: web.Request, body: dict[str, Any]) -> int | None:

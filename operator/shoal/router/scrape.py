@@ -1,9 +1,10 @@
 """Background scraping of every replica's `/metrics`, concurrently, each
 under a deadline. The request path never scrapes; it reads the latest
-values. A failed scrape leaves the old values to go stale, and stale
-metrics count as full load, as does a scrape that is not a whole vLLM
-exposition (`shoal.engine.metrics.parse`). The fetch stays on aiohttp, the
-router's own stack."""
+values. A scrape that fails, times out or is not a whole vLLM exposition
+(`shoal.engine.metrics.parse`) makes the replica's load unknown (routable,
+counted busy: see `fleet`), counts in `shoal_router_scrape_failures_total`,
+and logs one WARNING per episode (and an INFO line when it ends). The fetch
+stays on aiohttp, the router's own stack."""
 
 from __future__ import annotations
 
@@ -18,13 +19,21 @@ from shoal.engine import endpoints
 from shoal.engine.errors import BadMetrics
 from shoal.engine.metrics import MetricsSnapshot, parse
 from shoal.router.fleet import Fleet, Replica
+from shoal.router.metrics import RouterMetrics
 
 log = logging.getLogger("shoal.router.scrape")
 
 
 class Scraper:
-    def __init__(self, *, fleet: Fleet, on_change: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        *,
+        fleet: Fleet,
+        metrics: RouterMetrics,
+        on_change: Callable[[], Awaitable[None]],
+    ) -> None:
         self.fleet = fleet
+        self.metrics = metrics
         self.on_change = on_change
         self.session: aiohttp.ClientSession | None = None
         self.scrapes = 0
@@ -50,10 +59,26 @@ class Scraper:
     async def _scrape(self, replica: Replica) -> None:
         assert self.session is not None
         signals: MetricsSnapshot | None = None
+        problem = ""
         try:
             async with self.session.get(replica.endpoint.url + endpoints.METRICS) as response:
                 if response.status == 200:
                     signals = parse(await response.text())
-        except (aiohttp.ClientError, TimeoutError, BadMetrics, ValueError) as error:
-            log.debug("scrape of %s failed: %s", replica.endpoint.name, error)
+                else:
+                    problem = f"HTTP {response.status}"
+        except TimeoutError:
+            problem = f"no answer within {self.fleet.config.scrape_timeout_seconds:g} s"
+        except (aiohttp.ClientError, BadMetrics, ValueError) as error:
+            problem = str(error) or type(error).__name__
+        name = replica.endpoint.name
+        if signals is None:
+            self.metrics.scrape_failures.labels(name).inc()
+            if not replica.scrape_failing:
+                log.warning(
+                    "metrics of %s unreadable (%s): its load counts as unknown (busy)",
+                    name,
+                    problem[:200],
+                )
+        elif replica.scrape_failing:
+            log.info("metrics of %s readable again", name)
         self.fleet.record_scrape(replica.id, signals, time.monotonic())

@@ -22,7 +22,7 @@ def load_from_signals(
 ) -> Load:
     """L = w_kv * kv + w_q * min(waiting / q_norm, 1) + w_r * running / max_num_seqs,
     where the router's own in-flight count stands in for what the last scrape
-    has not seen yet. No signals (stale or failed scrape): full load."""
+    has not seen yet. No signals (never scraped): full load."""
     if signals is None:
         return Load(score=1.0, saturated=True)
     seqs = config.max_num_seqs
@@ -39,6 +39,14 @@ def load_from_signals(
         or waiting >= config.thresholds.q_norm
     )
     return Load(score=score, saturated=saturated, requests=signals.running + signals.waiting)
+
+
+def load_unknown(*, inflight: int, config: RouterConfig) -> Load:
+    """A replica whose metrics cannot be read (the scrape failed, hung or was
+    not a vLLM exposition): busy, but still routable. Saturated only by what
+    this router itself has in flight there."""
+    capacity = config.max_num_seqs + config.thresholds.q_norm
+    return Load(score=1.0, saturated=inflight >= capacity, requests=float(inflight))
 
 
 def load_from_inflight(*, inflight: int, config: RouterConfig) -> Load:

@@ -110,6 +110,13 @@ class Exchange(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
 
+    def abort(self, reason: str) -> None:
+        """Give up on the answer (a deadline passed): the caller's wait fails
+        with `reason`, and the connection is cut so the engine stops."""
+        self._fail(reason)
+        if self.transport is not None:
+            self.transport.abort()
+
     def expire(self) -> None:
         """Close an idle connection (its pool entry goes when it is lost)."""
         if self.expiry is not None:

@@ -203,7 +203,13 @@ class EngineApp:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        body = api.parse_body(await request.read())
+        raw = await request.read()
+        poison = self.engine.faults.poison
+        if poison and poison.encode() in raw:
+            raise api.ApiError(
+                500, "Simulated request error (poison)", err_type="InternalServerError"
+            )
+        body = api.parse_body(raw)
         gen = api.parse_generation(body, self.view, chat=chat)
         engine = self.engine
         rate = engine.faults.error_rate
@@ -274,9 +280,14 @@ class EngineApp:
         # vLLM sends chat's role chunk with the first engine output (after
         # prefill), not with the headers: a client's TTFT starts there.
         started = False
+        stall_after = self.engine.faults.stall_after
+        chunks = 0
         try:
             try:
                 async for i, tokens in merged(streams):
+                    chunks += 1
+                    if stall_after and chunks > stall_after:
+                        await asyncio.Event().wait()  # the stall fault: until the client leaves
                     if not started:
                         started = True
                         for event in encoder.start():

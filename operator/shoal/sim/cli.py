@@ -158,6 +158,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="reset: answer every request (but /_sim/fault) with a TCP reset",
     )
     s.add_argument(
+        "--sim-poison",
+        default="",
+        metavar="TEXT",
+        help="answer 500 to every request whose body holds TEXT (a request-specific error)",
+    )
+    s.add_argument(
+        "--sim-stall-after",
+        type=int,
+        default=0,
+        metavar="CHUNKS",
+        help="streams stop after CHUNKS chunks and hang (0: off)",
+    )
+    s.add_argument(
         "--sim-fault-api",
         action="store_true",
         help="serve /_sim/fault to inject faults at run time",
@@ -194,6 +207,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             slowness=args.sim_slowness,
             metrics=args.sim_broken_metrics,
             connections=args.sim_connections,
+            poison=args.sim_poison,
+            stall_after=args.sim_stall_after,
         ),
     )
 

@@ -32,6 +32,13 @@ class Faults:
     # path to the engine is cut (a firewall's reject-with-tcp-reset, a lost
     # route): a connection-level error for every client, not an HTTP status.
     connections: str = "ok"
+    # Requests whose body holds this text are answered 500 at once, on every
+    # engine given it: a failure caused by the request, not the engine (as
+    # vLLM's on some prompts). Empty: off.
+    poison: str = ""
+    # Streams stop after this many chunks and hang, while /health and other
+    # requests carry on (a wedged request, a lost GPU stream). 0: off.
+    stall_after: int = 0
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply a /_sim/fault body; ValueError names the first bad field."""
@@ -55,6 +62,10 @@ class Faults:
             raise ValueError(f"metrics must be one of {', '.join(METRICS_MODES)}")
         if self.connections not in CONNECTION_MODES:
             raise ValueError(f"connections must be one of {', '.join(CONNECTION_MODES)}")
+        if not isinstance(self.poison, str):
+            raise ValueError("poison must be a string")
+        if not isinstance(self.stall_after, int) or self.stall_after < 0:
+            raise ValueError("stall_after must be a whole number of chunks, 0 for off")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,0 +1,179 @@
+"""The router against engines that fail: each test injects one fault into
+simulated engines and checks what clients and the fleet see.
+
+- a half-open probe whose client leaves does not strand its replica;
+- a request that fails on every replica is the request's: it goes back to
+  its client and opens no breaker;
+- one engine failing half its requests costs clients almost nothing, and
+  draws less traffic than its healthy peers;
+- a stream that stalls mid-way ends with an SSE error within the stall
+  deadline, the engine's request is aborted, and the replica counts it;
+- broken /metrics leave a replica routable, counted busy, with one warning.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from shoal.procs import wait_until
+from tests.integration.procs import MODEL, engine_metric, router, set_fault, sims
+
+POISON = "POISONED-PROMPT"
+
+
+def completion(prompt: str, **extra: object) -> dict[str, object]:
+    return {"model": MODEL, "prompt": prompt, "max_tokens": 4, **extra}
+
+
+def router_counts(front: str, name: str) -> dict[str, float]:
+    """A router counter's samples by their label set."""
+    samples: dict[str, float] = {}
+    for line in httpx.get(front + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name) :].rsplit(" ", 1)
+            samples[labels] = float(value)
+    return samples
+
+
+def attempts_by_replica(front: str) -> dict[str, float]:
+    by_replica: dict[str, float] = {}
+    for labels, value in router_counts(front, "shoal_router_requests_total").items():
+        replica = re.search(r'replica="([^"]+)"', labels)
+        assert replica is not None
+        by_replica[replica[1]] = by_replica.get(replica[1], 0.0) + value
+    return by_replica
+
+
+def test_a_probe_whose_client_leaves_does_not_strand_its_replica(tmp_path: Path) -> None:
+    config = {"circuitBreaker": {"failureThreshold": 2, "openSeconds": 1}, "retries": 0}
+    with sims(1, tmp_path) as urls, router(urls, tmp_path, config=config) as front:
+        set_fault(urls[0], error_rate=1.0)
+        for i in range(3):
+            httpx.post(front + "/v1/completions", json=completion(f"fail {i}"), timeout=10)
+        assert (
+            httpx.post(front + "/v1/completions", json=completion("open?"), timeout=10).status_code
+            == 503
+        ), "the breaker did not open: test is void"
+        set_fault(urls[0], error_rate=0.0)
+        time.sleep(1.5)  # past openSeconds: half-open
+        with httpx.stream(
+            "POST",
+            front + "/v1/completions",
+            json=completion("probe", max_tokens=500, stream=True, ignore_eos=True),
+            timeout=10,
+        ) as probe:
+            for _ in probe.iter_raw():
+                break  # the probe's client leaves after its first bytes
+
+        def served() -> bool:
+            answer = httpx.post(front + "/v1/completions", json=completion("back?"), timeout=10)
+            return answer.status_code == 200
+
+        wait_until(served, what="the replica back in rotation", timeout=10, interval=0.5)
+
+
+def test_a_request_that_fails_on_every_replica_opens_no_breaker(tmp_path: Path) -> None:
+    config = {"circuitBreaker": {"failureThreshold": 2, "openSeconds": 30}, "retries": 2}
+    with (
+        sims(2, tmp_path, extra=["--sim-poison", POISON]) as urls,
+        router(urls, tmp_path, config=config) as front,
+    ):
+        for i in range(6):
+            answer = httpx.post(
+                front + "/v1/completions", json=completion(f"{POISON} {i}"), timeout=10
+            )
+            assert answer.status_code == 500, answer.text
+            assert answer.json()["error"]["message"] == "Simulated request error (poison)"
+        for i in range(4):
+            answer = httpx.post(front + "/v1/completions", json=completion(f"fine {i}"), timeout=10)
+            assert answer.status_code == 200, answer.text
+        states = router_counts(front, "shoal_router_circuit_state")
+        assert states and set(states.values()) == {0.0}, states
+
+
+def test_one_engine_failing_half_its_requests_costs_clients_almost_nothing(
+    tmp_path: Path,
+) -> None:
+    requests = 400
+    with (
+        sims(2, tmp_path) as healthy,
+        sims(1, tmp_path / "..", extra=["--sim-error-rate", "0.5"]) as flaky,
+        router([*healthy, *flaky], tmp_path) as front,
+    ):
+        with httpx.Client(timeout=30) as client, ThreadPoolExecutor(8) as pool:
+
+            def send(i: int) -> int:
+                body = completion(f"question {i} " + "context " * (i % 13))
+                return client.post(front + "/v1/completions", json=body).status_code
+
+            codes = list(pool.map(send, range(requests)))
+        attempts = attempts_by_replica(front)
+        retries = sum(router_counts(front, "shoal_router_retries_total").values())
+    failed = sum(code != 200 for code in codes)
+    assert failed <= requests * 0.005, f"{failed} of {requests} failed"
+    flaky_share = attempts.get(flaky[0].removeprefix("http://"), 0.0) / sum(attempts.values())
+    assert flaky_share < 1 / 3, f"the failing engine drew {flaky_share:.0%} of the attempts"
+    assert retries >= 1, "no retry was counted"
+
+
+def test_a_stream_that_stalls_ends_with_an_error_event_and_counts_against_its_replica(
+    tmp_path: Path,
+) -> None:
+    config = {"timeouts": {"stallSeconds": 1}, "circuitBreaker": {"failureThreshold": 1}}
+    with (
+        sims(1, tmp_path, extra=["--sim-stall-after", "2"]) as urls,
+        router(urls, tmp_path, config=config) as front,
+    ):
+        started = time.monotonic()
+        with httpx.stream(
+            "POST",
+            front + "/v1/completions",
+            json=completion("stall", max_tokens=50, stream=True, ignore_eos=True),
+            timeout=10,
+        ) as response:
+            assert response.status_code == 200
+            events = [line for line in response.iter_lines() if line.startswith("data: ")]
+        waited = time.monotonic() - started
+        assert waited < 5, f"the client waited {waited:.1f} s"
+        error = json.loads(events[-2].removeprefix("data: "))["error"]
+        assert "stopped" in error["message"] and events[-1] == "data: [DONE]", events
+        wait_until(
+            lambda: engine_metric(urls[0], "vllm:num_requests_running") == 0,
+            what="the engine's request aborted",
+            timeout=10,
+            interval=0.2,
+        )
+        states = router_counts(front, "shoal_router_circuit_state")
+        assert list(states.values()) == [2.0], "the stall did not count against the replica"
+
+
+def test_an_engine_with_broken_metrics_stays_in_rotation_with_one_warning(tmp_path: Path) -> None:
+    config = {"policy": "round-robin"}
+    with (
+        sims(1, tmp_path, extra=["--sim-broken-metrics", "error"]) as broken,
+        sims(1, tmp_path / "..") as healthy,
+        router([*broken, *healthy], tmp_path, config=config) as front,
+    ):
+        time.sleep(1.0)  # a few scrape rounds
+        for i in range(6):
+            answer = httpx.post(front + "/v1/completions", json=completion(f"q{i}"), timeout=10)
+            assert answer.status_code == 200
+        attempts = attempts_by_replica(front)
+        name = broken[0].removeprefix("http://")
+        assert attempts.get(name, 0) >= 2, attempts
+        unknown = router_counts(front, "shoal_router_scrape_failures_total")
+        assert unknown.get(f'{{replica="{name}"}}', 0) >= 2, unknown
+        set_fault(broken[0], metrics="ok")
+        time.sleep(0.5)
+        set_fault(broken[0], metrics="garbage")
+        time.sleep(0.5)
+    log = (tmp_path / "router.log").read_text()
+    warnings = [line for line in log.splitlines() if "WARNING" in line and name in line]
+    # Two episodes (the 500s, then garbage after a recovery): two warnings.
+    assert len(warnings) == 2, log
