@@ -205,7 +205,7 @@ def test_every_object_is_owned_by_the_cluster_and_labelled_with_it() -> None:
     kinds = sorted(m["kind"] for m in fleet.all())
     assert kinds == sorted(
         ["Service", "PodDisruptionBudget", "ServiceAccount", "Role", "RoleBinding", "ConfigMap"]
-        + ["Service", "Deployment"]
+        + ["Service", "PodDisruptionBudget", "Deployment"]
         + ["StatefulSet"] * 4
     )
 

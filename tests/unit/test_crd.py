@@ -84,7 +84,17 @@ def test_preserve_unknown_fields_only_on_pass_through_kubernetes_objects() -> No
         ".spec.placement.tolerations[]",
         ".spec.placement.affinity",
         ".spec.router.resources",
-    }
+        *(
+            f".spec.{section}.pod.{field}"
+            for section in ("engine", "router")
+            for field in (
+                "volumes[]", "volumeMounts[]", "envFrom[]", "securityContext",
+                "containerSecurityContext",
+            )
+        ),
+        ".spec.router.pod.tolerations[]",
+        ".spec.router.pod.affinity",
+    }  # fmt: skip
 
 
 def test_lists_and_strings_walked_by_cel_are_bounded() -> None:

@@ -33,6 +33,7 @@ PURE_CONTROLLER = (
     "names",
     "observe",
     "placement",
+    "pods",
     "restarts",
     "router",
     "services",

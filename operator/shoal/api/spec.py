@@ -8,10 +8,17 @@ API server)."""
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, JsonValue
+from pydantic import Field
 
+from shoal.api.pods import (
+    PASS_THROUGH,
+    KubeObject,
+    PodSettings,
+    RouterPodSettings,
+    pass_through_list,
+)
 from shoal.api.router import RouterSettings
 from shoal.planner.architecture import Attention, KVCacheDtype, WeightDtype
 from shoal.planner.presets import PresetName
@@ -23,21 +30,6 @@ DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
 DEFAULT_MAX_NUM_SEQS = 256
 # The most data-parallel replicas; the longest cluster name allowed depends on it.
 MAX_REPLICAS = 10000
-
-# Passed-through Kubernetes objects (EnvVar, Toleration, Affinity,
-# ResourceRequirements): the API server validates them where they land, in the pods.
-KubeObject = dict[str, Any]
-JsonDict = dict[str, JsonValue]
-_PASS_THROUGH: JsonDict = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-
-
-def _pass_through_list(max_items: int) -> JsonDict:
-    return {
-        "type": "array",
-        "maxItems": max_items,
-        "items": _PASS_THROUGH,
-        "x-kubernetes-list-type": "atomic",
-    }
 
 
 class SecretKeyRef(ApiModel):
@@ -283,14 +275,20 @@ class EngineSpec(ApiModel):
     )
     env: list[KubeObject] = Field(
         default_factory=list,
-        json_schema_extra=_pass_through_list(128),
+        json_schema_extra=pass_through_list(128),
         description="Environment variables of the engine container (Kubernetes EnvVar objects).",
     )
     resources: KubeObject | None = Field(
         default=None,
-        json_schema_extra=_PASS_THROUGH,
+        json_schema_extra=PASS_THROUGH,
         description="CPU and memory requests and limits of the engine container "
         "(ResourceRequirements). GPUs are added from gpu and parallelism.",
+    )
+    pod: PodSettings | None = Field(
+        default=None,
+        description="Settings of the engine pods: labels, annotations, ServiceAccount, "
+        "image pull secrets, priority and runtime class, more volumes, envFrom, security "
+        "contexts.",
     )
 
 
@@ -302,13 +300,13 @@ class PlacementSpec(ApiModel):
     )
     tolerations: list[KubeObject] = Field(
         default_factory=list,
-        json_schema_extra=_pass_through_list(64),
+        json_schema_extra=pass_through_list(64),
         description="Tolerations of engine pods (Kubernetes Toleration objects), added to the "
         "one for the GPU taint.",
     )
     affinity: KubeObject | None = Field(
         default=None,
-        json_schema_extra=_PASS_THROUGH,
+        json_schema_extra=PASS_THROUGH,
         description="Affinity of engine pods (a Kubernetes Affinity object).",
     )
     spread_replicas: bool = Field(
@@ -331,13 +329,29 @@ class ServiceSpec(ApiModel):
         default="ClusterIP", description="Service type."
     )
     port: int = Field(default=8000, ge=1, le=65535, description="Service port.")
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Annotations of the Service, e.g. a cloud's internal load balancer annotation.",
+    )
 
 
 class RouterSpec(RouterSettings):
     """The OpenAI-compatible router in front of the replicas (a Deployment and a Service
     per cluster): its policy and how it copes with slow or failing replicas."""
 
-    replicas: int = Field(default=1, ge=0, le=100, description="Router pods.")
+    replicas: int = Field(
+        default=2,
+        ge=0,
+        le=100,
+        description="Router pods; two, so a router lost or drained leaves the endpoint up.",
+    )
+    max_unavailable: int = Field(
+        default=1,
+        ge=1,
+        le=100,
+        description="Router pods a voluntary disruption (a node drain) may take at once "
+        "(the router's PodDisruptionBudget).",
+    )
     api_key_secret: SecretKeyRef | None = Field(
         default=None,
         description="Secret key holding accepted API keys, one per line; clients send "
@@ -347,8 +361,14 @@ class RouterSpec(RouterSettings):
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     resources: KubeObject | None = Field(
         default=None,
-        json_schema_extra=_PASS_THROUGH,
+        json_schema_extra=PASS_THROUGH,
         description="CPU and memory of a router pod (ResourceRequirements).",
+    )
+    pod: RouterPodSettings | None = Field(
+        default=None,
+        description="Settings of the router pods: labels, annotations, ServiceAccount, "
+        "image pull secrets, priority and runtime class, volumes, envFrom, security "
+        "contexts, and where they schedule.",
     )
 
 

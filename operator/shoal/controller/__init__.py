@@ -6,8 +6,8 @@ decisions; the I/O modules carry them out, driven by kopf handlers that
 `shoal operator` runs.
 
 Pure (no I/O, and no kopf, aiohttp, httpx or kr8s loaded by importing them):
-builders `engine`, `router`, `services`, `desired` (with `identity`, `names`
-and `placement`); decisions `observe` (listed objects -> facts), `decide`
+builders `engine`, `router`, `services`, `desired` (with `identity`, `names`,
+`placement` and `pods`); decisions `observe` (listed objects -> facts), `decide`
 (facts -> actions) and `status` (facts and actions -> status), with
 `restarts` and `failures` (containers' states -> why, and what to do).
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from shoal.controller.identity import ClusterRef, Manifest
 from shoal.controller.router import (
     build_router_configmap,
     build_router_deployment,
+    build_router_pdb,
     build_router_role,
     build_router_role_binding,
     build_router_service,
@@ -69,7 +71,14 @@ def build_replica(ref: ClusterRef, spec: VLLMClusterSpec, *, index: int) -> Repl
     )
 
 
-def desired_fleet(ref: ClusterRef, spec: VLLMClusterSpec, *, router_image: str) -> DesiredFleet:
+def desired_fleet(
+    ref: ClusterRef,
+    spec: VLLMClusterSpec,
+    *,
+    router_image: str,
+    router_pull_secrets: Sequence[str] = (),
+) -> DesiredFleet:
+    """router_pull_secrets: the Secrets the operator was told pull its own image with."""
     configmap = build_router_configmap(ref, spec)
     return DesiredFleet(
         before=[
@@ -80,9 +89,18 @@ def desired_fleet(ref: ClusterRef, spec: VLLMClusterSpec, *, router_image: str) 
             build_router_role_binding(ref),
             configmap,
             build_router_service(ref, spec),
+            build_router_pdb(ref, spec),
         ],
         replicas=[build_replica(ref, spec, index=index) for index in range(spec.replicas)],
-        after=[build_router_deployment(ref, spec, image=router_image, configmap=configmap)],
+        after=[
+            build_router_deployment(
+                ref,
+                spec,
+                image=router_image,
+                configmap=configmap,
+                pull_secrets=router_pull_secrets,
+            )
+        ],
     )
 
 

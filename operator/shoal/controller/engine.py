@@ -29,6 +29,7 @@ from shoal.controller.names import (
     set_selector,
     worker_set_name,
 )
+from shoal.controller.pods import with_pod_settings
 
 MODEL_MOUNT = "/models"
 HF_HOME = "/cache/huggingface"
@@ -236,10 +237,10 @@ def _statefulset(
         # replicas at a time, each only after the last is warm and Ready.
         "updateStrategy": {"type": "OnDelete"},
         "selector": {"matchLabels": set_selector(ref.name, index, role=role)},
-        "template": {
-            "metadata": {"labels": labels},
-            "spec": _pod_spec(ref, spec, index=index, role=role),
-        },
+        "template": with_pod_settings(
+            {"metadata": {"labels": labels}, "spec": _pod_spec(ref, spec, index=index, role=role)},
+            spec.engine.pod,
+        ),
     }
     if role == ROLE_WORKER:
         set_spec["ordinals"] = {"start": 1}

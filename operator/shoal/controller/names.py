@@ -69,7 +69,8 @@ def engine_service_name(cluster: str) -> str:
 
 
 def router_name(cluster: str) -> str:
-    """Deployment, Service, ConfigMap, ServiceAccount, Role and RoleBinding of the router."""
+    """Deployment, Service, ConfigMap, ServiceAccount, Role, RoleBinding and
+    PodDisruptionBudget of the router."""
     return f"{cluster}-router"
 
 

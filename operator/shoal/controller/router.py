@@ -1,11 +1,12 @@
 """The router of one cluster (ARCHITECTURE section 4): `spec.router` as the
-router's own `router.json`, and the Deployment, Service, ConfigMap,
+router's own `router.json`, and the Deployment, Service, ConfigMap, PodDisruptionBudget,
 ServiceAccount, Role and RoleBinding that run it. Pure."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from shoal.api.spec import VLLMClusterSpec
@@ -20,6 +21,7 @@ from shoal.controller.names import (
     router_name,
     router_selector,
 )
+from shoal.controller.pods import with_pod_settings
 from shoal.router.config import RouterConfig
 
 CONFIG_DIR = "/etc/shoal/router"
@@ -85,10 +87,13 @@ def build_router_role_binding(ref: ClusterRef) -> Manifest:
 
 def build_router_service(ref: ClusterRef, spec: VLLMClusterSpec) -> Manifest:
     service = spec.router.service
+    metadata = object_meta(ref, router_name(ref.name), labels=_labels(ref))
+    if service.annotations:
+        metadata["annotations"] = {**service.annotations, **metadata.get("annotations", {})}
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": object_meta(ref, router_name(ref.name), labels=_labels(ref)),
+        "metadata": metadata,
         "spec": {
             "type": service.type,
             "selector": router_selector(ref.name),
@@ -97,17 +102,47 @@ def build_router_service(ref: ClusterRef, spec: VLLMClusterSpec) -> Manifest:
     }
 
 
+def build_router_pdb(ref: ClusterRef, spec: VLLMClusterSpec) -> Manifest:
+    """A node drain takes router pods spec.router.maxUnavailable at a time."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": object_meta(ref, router_name(ref.name), labels=_labels(ref)),
+        "spec": {
+            "maxUnavailable": spec.router.max_unavailable,
+            "selector": {"matchLabels": router_selector(ref.name)},
+        },
+    }
+
+
+def _spread(ref: ClusterRef) -> dict[str, Any]:
+    """Router pods preferably on different nodes: one node lost leaves the endpoint up."""
+    term = {
+        "labelSelector": {"matchLabels": router_selector(ref.name)},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    preferred = [{"weight": 100, "podAffinityTerm": term}]
+    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}
+
+
 def config_hash(configmap: Manifest) -> str:
     text = json.dumps(configmap["data"], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def build_router_deployment(
-    ref: ClusterRef, spec: VLLMClusterSpec, *, image: str, configmap: Manifest
+    ref: ClusterRef,
+    spec: VLLMClusterSpec,
+    *,
+    image: str,
+    configmap: Manifest,
+    pull_secrets: Sequence[str] = (),
 ) -> Manifest:
     """`shoal router --kubernetes`, reading router.json from the ConfigMap and
     API keys (if any) from the mounted Secret; the ConfigMap's hash on the pod
-    template rolls the router (only) when it changes."""
+    template rolls the router (only) when it changes. pull_secrets are the
+    operator's own (the chart's imagePullSecrets), for the router image, which is
+    the operator's; spec.router.pod's are added to them."""
     name = router_name(ref.name)
     router = spec.router
     args = [
@@ -146,6 +181,14 @@ def build_router_deployment(
     if router.resources:
         container["resources"] = dict(router.resources)
     labels = _labels(ref)
+    pod: dict[str, Any] = {
+        "serviceAccountName": name,
+        "affinity": _spread(ref),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if pull_secrets:
+        pod["imagePullSecrets"] = [{"name": secret} for secret in pull_secrets]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -153,16 +196,15 @@ def build_router_deployment(
         "spec": {
             "replicas": router.replicas,
             "selector": {"matchLabels": router_selector(ref.name)},
-            "template": {
-                "metadata": {
-                    "labels": labels,
-                    "annotations": {ANNOTATION_ROUTER_CONFIG_HASH: config_hash(configmap)},
+            "template": with_pod_settings(
+                {
+                    "metadata": {
+                        "labels": labels,
+                        "annotations": {ANNOTATION_ROUTER_CONFIG_HASH: config_hash(configmap)},
+                    },
+                    "spec": pod,
                 },
-                "spec": {
-                    "serviceAccountName": name,
-                    "containers": [container],
-                    "volumes": volumes,
-                },
-            },
+                router.pod,
+            ),
         },
     }

@@ -1,0 +1,116 @@
+"""Pod settings passed through to the pods shoal creates (`spec.engine.pod` and
+`spec.router.pod`): what platforms need on every workload (identity, pull
+secrets, priority, runtime class, extra volumes, security context) and shoal
+has no opinion on. Kubernetes objects among them are kept as given; the API
+server validates them where they land, in the pods. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, JsonValue
+
+from shoal.schema.model import ApiModel
+
+# Passed-through Kubernetes objects (EnvVar, Volume, Toleration, Affinity,
+# ResourceRequirements, ...): the API server validates them where they land, in the pods.
+KubeObject = dict[str, Any]
+JsonDict = dict[str, JsonValue]
+PASS_THROUGH: JsonDict = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
+def pass_through_list(max_items: int) -> JsonDict:
+    return {
+        "type": "array",
+        "maxItems": max_items,
+        "items": PASS_THROUGH,
+        "x-kubernetes-list-type": "atomic",
+    }
+
+
+class PullSecret(ApiModel):
+    """A Secret of type kubernetes.io/dockerconfigjson in the VLLMCluster's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret.")
+
+
+class PodSettings(ApiModel):
+    """Settings of the pods, added to what shoal sets. Labels and annotations shoal sets
+    itself (its selectors, its hashes) win over these."""
+
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="More labels on the pods (e.g. for cost reports)."
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="More annotations on the pods (e.g. a service mesh's or Vault's).",
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="ServiceAccount the pods run as, e.g. one bound to a cloud identity "
+        "(workload identity) that reads weights from S3 or GCS. Default: the namespace's "
+        "default for engines (with no API token mounted), the router's own for routers.",
+    )
+    image_pull_secrets: list[PullSecret] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
+        description="Secrets to pull the image with, from a private registry.",
+    )
+    priority_class_name: str | None = Field(
+        default=None, max_length=253, description="PriorityClass of the pods."
+    )
+    runtime_class_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="RuntimeClass of the pods (e.g. nvidia, where the GPU runtime is not "
+        "containerd's default).",
+    )
+    volumes: list[KubeObject] = Field(
+        default_factory=list,
+        json_schema_extra=pass_through_list(64),
+        description="More volumes of the pods (Kubernetes Volume objects); mount them with "
+        "volumeMounts.",
+    )
+    volume_mounts: list[KubeObject] = Field(
+        default_factory=list,
+        json_schema_extra=pass_through_list(64),
+        description="More mounts of the main container (Kubernetes VolumeMount objects).",
+    )
+    env_from: list[KubeObject] = Field(
+        default_factory=list,
+        json_schema_extra=pass_through_list(32),
+        description="Environment of the main container from ConfigMaps or Secrets "
+        "(Kubernetes EnvFromSource objects).",
+    )
+    security_context: KubeObject | None = Field(
+        default=None,
+        json_schema_extra=PASS_THROUGH,
+        description="The pods' security context (a Kubernetes PodSecurityContext).",
+    )
+    container_security_context: KubeObject | None = Field(
+        default=None,
+        json_schema_extra=PASS_THROUGH,
+        description="The main container's security context (a Kubernetes SecurityContext).",
+    )
+
+
+class RouterPodSettings(PodSettings):
+    """Settings of the router pods, added to what shoal sets, and where they schedule
+    (engines schedule by spec.placement)."""
+
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels a router pod's node must have."
+    )
+    tolerations: list[KubeObject] = Field(
+        default_factory=list,
+        json_schema_extra=pass_through_list(64),
+        description="Tolerations of router pods (Kubernetes Toleration objects).",
+    )
+    affinity: KubeObject | None = Field(
+        default=None,
+        json_schema_extra=PASS_THROUGH,
+        description="Affinity of router pods (a Kubernetes Affinity object). Default: "
+        "prefer spreading router pods over nodes.",
+    )
