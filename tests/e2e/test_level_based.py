@@ -70,3 +70,33 @@ def test_children_deleted_by_hand_come_back_within_seconds(testbed: Testbed, ns:
         timeout=REPAIR_SECONDS,
         interval=0.2,
     )
+
+
+def test_set_image_and_scale_on_a_replica_are_reverted_and_the_serving_pod_kept(
+    testbed: Testbed, ns: str
+) -> None:
+    apply(testbed, ns, cluster_manifest("drift", replicas=2, tensor=4))
+    wait_ready(testbed, ns, "drift", 2)
+    pod_uid = get_json(testbed, "pod", "drift-r0-0", "-n", ns)["metadata"]["uid"]
+
+    testbed.kubectl("set", "image", "sts/drift-r0", "engine=vllm/vllm-openai:v0.31.0", "-n", ns)
+
+    def image_restored() -> bool:
+        sts = get_json(testbed, "statefulset", "drift-r0", "-n", ns)
+        containers = sts["spec"]["template"]["spec"]["containers"]
+        return next(c for c in containers if c["name"] == "engine")["image"] == ENGINE_IMAGE
+
+    wait_for(image_restored, what="drift-r0's image restored", timeout=REPAIR_SECONDS, interval=0.2)
+    assert "DriftReverted" in [e["reason"] for e in events(testbed, ns, "drift")]
+
+    testbed.kubectl("scale", "sts/drift-r1", "--replicas=0", "-n", ns)
+    wait_for(
+        lambda: get_json(testbed, "statefulset", "drift-r1", "-n", ns)["spec"]["replicas"] == 1,
+        what="drift-r1 scaled back to 1",
+        timeout=REPAIR_SECONDS,
+        interval=0.2,
+    )
+    wait_ready(testbed, ns, "drift", 2)
+    pod = get_json(testbed, "pod", "drift-r0-0", "-n", ns)
+    assert pod["metadata"]["uid"] == pod_uid, "the serving pod was replaced by the drift"
+    assert pod["spec"]["containers"][0]["image"] == ENGINE_IMAGE

@@ -70,6 +70,7 @@ class ClusterState:
     kv_pools: dict[str, KVPool] = field(default_factory=dict)  # by leader pod uid
     last_status: dict[str, Any] | None = None
     static_applied: set[str] = field(default_factory=set)  # kind/name made by this process
+    drift_reported: dict[str, list[str]] = field(default_factory=dict)  # kind/name -> fields
     last_error: str | None = None  # the spec's errors, last reported
     last_failure: str | None = None  # the last failed pass, last reported
     nodes_unreadable: bool = False  # node-loss handling off (said once)

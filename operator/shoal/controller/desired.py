@@ -20,6 +20,7 @@ from typing import Any
 from shoal.api.spec import VLLMClusterSpec
 from shoal.controller.engine import build_leader_statefulset, build_worker_statefulset
 from shoal.controller.identity import ClusterRef, Manifest
+from shoal.controller.names import ANNOTATION_SPEC_HASH
 from shoal.controller.router import (
     build_router_configmap,
     build_router_deployment,
@@ -110,12 +111,30 @@ def manifest_hash(manifest: Manifest) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def drifted(manifests: list[Manifest], live: dict[str, Manifest]) -> dict[str, list[str]]:
+    """By kind/name, what was changed by hand on the live objects (live, by
+    kind/name) whose recorded hash says they are what shoal last wrote; an
+    object with another hash is outdated anyway, and a missing one is made."""
+    found = {}
+    for manifest in manifests:
+        key = f"{manifest['kind']}/{manifest['metadata']['name']}"
+        have = live.get(key)
+        annotations = (have or {}).get("metadata", {}).get("annotations") or {}
+        if have is None or annotations.get(ANNOTATION_SPEC_HASH) != manifest_hash(manifest):
+            continue
+        if changed := drift(manifest, have):
+            found[key] = changed
+    return found
+
+
 def drift(desired: Manifest, live: Manifest) -> list[str]:
     """Paths of fields the desired manifest sets that the live object holds
     differently (or not at all). Fields only the live object has (defaults,
     other writers' own fields) are not drift: shoal's apply would keep them."""
     found: list[str] = []
-    _compare(desired, live, path="", found=found)
+    # Identity, not content (and listed items carry neither).
+    content = {key: value for key, value in desired.items() if key not in ("apiVersion", "kind")}
+    _compare(content, live, path="", found=found)
     return found
 
 

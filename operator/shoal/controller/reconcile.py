@@ -37,7 +37,13 @@ from shoal.controller.decide import (
     node_not_ready_since,
     probe_targets,
 )
-from shoal.controller.desired import DesiredFleet, desired_fleet, drift, manifest_hash
+from shoal.controller.desired import (
+    DesiredFleet,
+    desired_fleet,
+    drift,
+    drifted,
+    manifest_hash,
+)
 from shoal.controller.engine import nodes_per_replica, served_model_name
 from shoal.controller.healthloop import Target
 from shoal.controller.identity import ClusterRef, Manifest
@@ -53,7 +59,7 @@ from shoal.controller.names import (
     router_selector,
     selector_text,
 )
-from shoal.controller.observe import Observed, observe
+from shoal.controller.observe import Observed, SetFacts, observe
 from shoal.controller.restarts import seed_restart_times
 from shoal.controller.status import StatusInputs, build_status, degraded_event, status_patch
 from shoal.controller.warming import warmup_policy
@@ -111,12 +117,17 @@ async def _reconcile(
     paused = (meta.get("annotations") or {}).get(ANNOTATION_PAUSED) == "true"
     spec, errors = parse(body)
     valid = spec is not None and not errors
-    observed = await _observe(ctx, ref, spec)
+    observed, listed = await _observe(ctx, ref, spec)
     fleet = None
     desired = None
+    changed: dict[str, list[str]] = {}
     if valid:
         assert spec is not None
         fleet = desired_fleet(ref, spec, router_image=ctx.settings.router_image)
+        if not paused:
+            changed = drifted(fleet.all(), listed)
+            _report_drift(ctx, body, ref, state, changed)
+            observed = _drifted_as_outdated(observed, changed)
         desired = Desired(
             replicas={replica.index: replica for replica in fleet.replicas},
             nodes=nodes_per_replica(spec),
@@ -152,7 +163,7 @@ async def _reconcile(
             now=time.monotonic(),
             nodes=nodes,
         )
-        await _act(ctx, body, ref, state, decision, fleet, observed, live)
+        await _act(ctx, body, ref, state, decision, fleet, observed, live, changed)
         if valid and spec is not None:
             for pod in decision.warm:
                 ctx.warmups.start(
@@ -188,7 +199,10 @@ async def _reconcile(
     return decision.requeue_seconds
 
 
-async def _observe(ctx: OperatorContext, ref: ClusterRef, spec: VLLMClusterSpec | None) -> Observed:
+async def _observe(
+    ctx: OperatorContext, ref: ClusterRef, spec: VLLMClusterSpec | None
+) -> tuple[Observed, dict[str, Manifest]]:
+    """The facts, and the listed StatefulSets and router Deployment by kind/name."""
     selector = selector_text(engine_selector(ref.name))
     statefulsets, pods, router = await asyncio.gather(
         ctx.kube.list("apps/v1", "StatefulSet", ref.namespace, selector),
@@ -196,13 +210,55 @@ async def _observe(ctx: OperatorContext, ref: ClusterRef, spec: VLLMClusterSpec 
         ctx.kube.get("apps/v1", "Deployment", ref.namespace, router_name(ref.name)),
     )
     gpu_resource = spec.gpu.resource if spec is not None else "nvidia.com/gpu"
-    return observe(
+    observed = observe(
         statefulsets=statefulsets,
         pods=pods,
         router=router,
         gpu_resource=gpu_resource,
         owner_uid=ref.uid,
     )
+    # Listed items carry no kind of their own.
+    listed = {f"StatefulSet/{o['metadata']['name']}": o for o in statefulsets}
+    if router is not None:
+        listed[f"Deployment/{router['metadata']['name']}"] = router
+    return observed, listed
+
+
+def _drifted_as_outdated(observed: Observed, changed: dict[str, list[str]]) -> Observed:
+    """A StatefulSet changed by hand no longer is what its recorded hash says:
+    without the hash it is outdated, and the rollout (warm-gated, within
+    maxUnavailable) applies the spec's again; pods already made from the
+    changed template are replaced as any outdated pod is."""
+    if not changed:
+        return observed
+
+    def kept(facts: SetFacts | None) -> SetFacts | None:
+        if facts is not None and f"StatefulSet/{facts.name}" in changed:
+            return dataclasses.replace(facts, spec_hash=None)
+        return facts
+
+    replicas = {
+        index: dataclasses.replace(
+            replica, leader=kept(replica.leader), worker=kept(replica.worker)
+        )
+        for index, replica in observed.replicas.items()
+    }
+    return dataclasses.replace(observed, replicas=replicas)
+
+
+def _report_drift(
+    ctx: OperatorContext,
+    body: Mapping[str, Any],
+    ref: ClusterRef,
+    state: ClusterState,
+    changed: dict[str, list[str]],
+) -> None:
+    """An Event per object changed by hand, once per change (a revert may wait
+    for the rollout's budget)."""
+    for key, fields in changed.items():
+        if state.drift_reported.get(key) != fields:
+            _post(ctx, body, ref, _drift_event(key, fields))
+    state.drift_reported = dict(changed)
 
 
 async def _probe(
@@ -359,6 +415,7 @@ async def _act(
     fleet: DesiredFleet | None,
     observed: Observed,
     live: LiveChildren,
+    changed: dict[str, list[str]],
 ) -> None:
     if fleet is not None:
         await _apply_static(ctx, body, ref, state, fleet.before, live)
@@ -367,7 +424,8 @@ async def _act(
     if fleet is not None:
         for manifest in fleet.after:
             router = observed.router
-            if router is None or router.spec_hash != manifest_hash(manifest):
+            key = f"{manifest['kind']}/{manifest['metadata']['name']}"
+            if router is None or router.spec_hash != manifest_hash(manifest) or key in changed:
                 await _apply(ctx, ref, manifest)
     # Out of rotation first (a restart stops traffic before its pods go).
     for gate in decision.gates:
