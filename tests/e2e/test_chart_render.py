@@ -131,3 +131,34 @@ def test_chart_crds_are_the_generated_ones() -> None:
     assert top and [p.name for p in top] == sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
     for path in top:
         assert path.read_text() == (CHART / "crds" / path.name).read_text()
+
+
+def _operator_pods(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    deployment = kinds(docs)["Deployment"][0]["spec"]["template"]["spec"]
+    tests = [doc["spec"] for doc in kinds(docs)["Pod"]]
+    return [deployment, *tests]
+
+
+def test_pods_run_as_non_root_without_a_fixed_uid_unless_one_is_set() -> None:
+    # OpenShift's restricted-v2 assigns the UID itself and refuses a pod that sets one.
+    for pod in _operator_pods(render()):
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert "runAsUser" not in pod["securityContext"]
+    for pod in _operator_pods(render(None, "--set", "operator.podSecurityContext.runAsUser=2000")):
+        assert pod["securityContext"]["runAsUser"] == 2000
+
+
+def test_the_default_image_tag_is_the_charts_app_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    [deployment] = kinds(render())["Deployment"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"].endswith(f":{chart['appVersion']}")
+    assert f"--router-image={container['image']}" in container["args"]
+
+
+def test_notes_name_no_file_the_packaged_chart_does_not_ship() -> None:
+    # helm renders NOTES only against a cluster, so this reads the template: a user of
+    # the packaged chart has no checkout, so examples are a link at the chart's version.
+    text = (CHART / "templates" / "NOTES.txt").read_text()
+    assert " -f examples/" not in text
+    assert "https://github.com/shoal-dev/shoal/tree/v{{ .Chart.AppVersion }}/examples" in text
