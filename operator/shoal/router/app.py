@@ -190,12 +190,26 @@ class Router:
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
         app.router.add_get("/metrics", self.metrics_endpoint)
+        # Routes of their own rather than a middleware (which would cost every
+        # request a call): what aiohttp would answer in plain text, as
+        # OpenAI-shaped errors.
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            app.router.add_route("*", path, _method_not_allowed)
+        app.router.add_route("*", "/{tail:.*}", _not_found)
         return app
 
     def internal_app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/hot-prefixes", self.hot_prefixes)
         return app
+
+
+async def _not_found(_: web.Request) -> web.Response:
+    return error_response(404, "Not found.")
+
+
+async def _method_not_allowed(_: web.Request) -> web.Response:
+    return error_response(405, "Method not allowed.", headers={"Allow": "POST"})
 
 
 async def serve(router: Router, *, host: str, port: int) -> None:

@@ -34,17 +34,25 @@ log = logging.getLogger("shoal.router")
 
 # Which replica answered: for debugging, and for tests that count placements.
 REPLICA_HEADER = "x-shoal-replica"
+# An engine's answer headers the client does not get: RFC 9110's hop-by-hop
+# fields (section 7.6.1, plus the ones it names as in use; those listed in
+# Connection too), and the ones the router sets itself: the framing of the
+# body it writes (content-length) and its own date and server.
 _HOP_BY_HOP = frozenset(
     {
         "connection",
         "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
         "transfer-encoding",
-        "content-length",
-        "content-encoding",
-        "server",
-        "date",
+        "upgrade",
     }
 )
+_ROUTER_OWN = frozenset({"content-length", "date", "server"})
+_DROPPED = _HOP_BY_HOP | _ROUTER_OWN
 
 
 class UpstreamFailed(Exception):
@@ -120,7 +128,8 @@ class Proxy:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
             return False
-        given = token.strip().encode()
+        # Header bytes that are not UTF-8 arrive as surrogates: compare them as bytes.
+        given = token.strip().encode("utf-8", "surrogateescape")
         # Compare against every key, always, so timing says nothing.
         matched = False
         for key in self.api_keys:
@@ -132,6 +141,15 @@ class Proxy:
         if not self.authorized(request):
             self.metrics.rejected.labels("unauthorized").inc()
             return error_response(401, "Missing or invalid API key.", param="Authorization")
+        if request.headers.get("Content-Encoding", "identity").lower() != "identity":
+            # Inflating would cost CPU beyond the size limit's reach (a small
+            # gzip body can inflate to gigabytes): refused unread.
+            self.metrics.rejected.labels("encoded").inc()
+            refused = error_response(
+                415, "Compressed request bodies are not accepted.", param="Content-Encoding"
+            )
+            refused.force_close()
+            return refused
         if (
             request.content_length is not None
             and request.content_length > self.config.max_body_bytes
@@ -394,9 +412,14 @@ class Proxy:
                 exchange.release()
                 raise
             headers: CIMultiDict[str] = CIMultiDict()
+            named: frozenset[str] = frozenset()
+            for k, v in raw_headers:
+                if k.lower() == b"connection":
+                    named |= {t.strip() for t in v.decode("latin-1").lower().split(",")}
             for k, v in raw_headers:
                 name = k.decode("latin-1")
-                if name.lower() not in _HOP_BY_HOP:
+                lower = name.lower()
+                if lower not in _DROPPED and lower not in named:
                     headers.add(name, v.decode("latin-1"))
             headers[REPLICA_HEADER] = replica.endpoint.name
             return exchange, status, headers
@@ -478,7 +501,10 @@ def _parse_body(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        return None, f"Request body is not valid JSON: {error}"
+        # Where it broke, not the bytes there: nothing of the request is echoed.
+        return None, f"Request body is not valid JSON ({type(error).__name__})."
+    except RecursionError:
+        return None, "Request body is nested too deeply."
     if not isinstance(body, dict):
         return None, "Request body must be a JSON object."
     if not body.get("model"):

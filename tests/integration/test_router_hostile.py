@@ -1,0 +1,115 @@
+"""Hostile requests are refused cheaply, with OpenAI-shaped errors, no
+request bytes echoed and no traceback logged; the router keeps serving:
+
+- a compressed body (a gzip bomb) is refused unread with 415;
+- JSON nested 100k deep is a 400;
+- an Authorization header that is not UTF-8 is a 401;
+- unknown paths and wrong methods are OpenAI-shaped 404 and 405;
+- hop-by-hop headers of an engine's answer do not reach the client.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+
+from tests.integration.procs import MODEL, router, sims
+
+FINE = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+
+
+def _openai_error(response: httpx.Response, status: int) -> dict[str, object]:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == status and error["message"], error
+    return dict(error)
+
+
+def test_hostile_requests_get_openai_errors_and_leave_the_router_serving(tmp_path: Path) -> None:
+    with sims(1, tmp_path) as urls, router(urls, tmp_path) as front:
+        bomb = gzip.compress(b"[" * 50_000_000, compresslevel=9)  # 50 MB inflated
+        started = time.monotonic()
+        answer = httpx.post(
+            front + "/v1/completions",
+            content=bomb,
+            headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+            timeout=10,
+        )
+        _openai_error(answer, 415)
+        assert time.monotonic() - started < 2
+        deep = b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        error = _openai_error(httpx.post(front + "/v1/completions", content=deep, timeout=10), 400)
+        assert "[[[" not in json.dumps(error)
+        garbled = httpx.post(
+            front + "/v1/completions",
+            json=FINE,
+            headers=[(b"Authorization", b"Bearer \xff\xfe")],
+            timeout=10,
+        )
+        assert garbled.status_code == 200  # no keys configured: the header is ignored
+        _openai_error(httpx.get(front + "/v1/nothing-here?<script>", timeout=10), 404)
+        _openai_error(httpx.get(front + "/v1/completions", timeout=10), 405)
+        assert httpx.post(front + "/v1/completions", json=FINE, timeout=10).status_code == 200
+    log = (tmp_path / "router.log").read_text()
+    assert "Traceback" not in log and "Error handling request" not in log, log
+
+
+def test_a_non_utf8_api_key_is_refused_with_401(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("sk-one\n")
+    with (
+        sims(1, tmp_path) as urls,
+        router(urls, tmp_path, config={"apiKeyFile": str(keys)}) as front,
+    ):
+        garbled = httpx.post(
+            front + "/v1/completions",
+            json=FINE,
+            headers=[(b"Authorization", b"Bearer \xff\xfe")],
+            timeout=10,
+        )
+        _openai_error(garbled, 401)
+    assert "Traceback" not in (tmp_path / "router.log").read_text()
+
+
+class _HopByHopEngine(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self._answer(b"")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self._answer(json.dumps({"id": "cmpl-1", "choices": []}).encode())
+
+    def _answer(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "keep-alive, X-Secret-Hop")
+        self.send_header("X-Secret-Hop", "internal")
+        self.send_header("Proxy-Authenticate", "Basic")
+        self.send_header("Upgrade", "h2c")
+        self.send_header("Trailer", "X-Checksum")
+        self.send_header("X-Kept", "yes")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_hop_by_hop_headers_of_an_answer_do_not_reach_the_client(tmp_path: Path) -> None:
+    engine = ThreadingHTTPServer(("127.0.0.1", 0), _HopByHopEngine)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    try:
+        with router([f"http://127.0.0.1:{engine.server_address[1]}"], tmp_path) as front:
+            answer = httpx.post(front + "/v1/completions", json=FINE, timeout=10)
+    finally:
+        engine.shutdown()
+    assert answer.status_code == 200 and answer.headers["x-kept"] == "yes"
+    for name in ("x-secret-hop", "proxy-authenticate", "upgrade", "trailer"):
+        assert name not in answer.headers, answer.headers
