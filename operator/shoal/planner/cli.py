@@ -38,7 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Compare layouts (tp/pp/dp/dcp) of a model on a GPU: weights and KV "
         "bytes per token per GPU, KV pool tokens, full-length requests held at once, and "
         "vLLM's start-up rules. With -f, plan a VLLMCluster manifest and report its "
-        "validation errors. Exit status 1 when a layout is refused or a manifest invalid.",
+        "validation errors. Exit status: 0 all fit and are valid (without --layout: one "
+        "fits), 1 a layout is refused or a manifest invalid, 2 the command cannot run "
+        "(bad arguments, a file that is missing or not YAML).",
         epilog=EXAMPLE,
     )
     model = parser.add_argument_group("model (a preset, or the architecture's numbers)")
@@ -60,7 +62,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--gpu-memory-utilization", type=Fraction, default=Fraction(92, 100), help="default 0.92"
     )
     gpu.add_argument("--overhead-gib", type=Fraction, default=Fraction(3), help="default 3")
-    parser.add_argument("--layout", action="append", type=parse_layout, default=[])
+    parser.add_argument(
+        "--layout",
+        action="append",
+        type=_layout,
+        default=[],
+        help="tp8, tp4pp2, tp4dp2, tp8dcp2 (repeatable); default: every layout of one "
+        "replica that fits the node",
+    )
     parser.add_argument("--max-model-len", type=int, help="default: the model's context length")
     parser.add_argument("--nodes", type=int, help="refuse layouts needing more nodes than this")
     parser.add_argument("--output", choices=("table", "json"), default="table")
@@ -86,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         utilization=args.gpu_memory_utilization,
         overhead=args.overhead_gib * GiB,
     )
-    layouts: list[Layout] = args.layout or [Layout()]
+    layouts: list[Layout] = args.layout or fitting_layouts(arch, gpus_per_node=gpu.per_node)
     plans = [
         plan(arch, gpu, layout=layout, max_model_len=args.max_model_len, nodes=args.nodes)
         for layout in layouts
@@ -110,7 +119,9 @@ def run(args: argparse.Namespace) -> int:
         print(describe(arch, gpu, max_model_len=max_model_len))
         print()
         print(render(plans))
-    return 0 if all(p.fits for p in plans) else 1
+    # Layouts asked for must all fit; of the default comparison, one is enough.
+    fits = all(p.fits for p in plans) if args.layout else any(p.fits for p in plans)
+    return 0 if fits else 1
 
 
 def _architecture(args: argparse.Namespace) -> Architecture | None:
@@ -135,6 +146,31 @@ def _architecture(args: argparse.Namespace) -> Architecture | None:
     return Architecture(name=args.model or "custom", **overrides)
 
 
+def fitting_layouts(arch: Architecture, *, gpus_per_node: int) -> list[Layout]:
+    """Every tensor x pipeline layout of one replica within a node whose tensor size
+    divides the query heads and divides, or is a multiple of, the KV heads (vLLM's
+    rules), smallest first; the table then says which fit in memory."""
+    sizes = [size for size in range(1, gpus_per_node + 1) if gpus_per_node % size == 0]
+    layouts = [
+        Layout(tensor=tp, pipeline=pp)
+        for gpus in sizes
+        for tp in sizes
+        for pp in sizes
+        if tp * pp == gpus
+        and arch.query_heads % tp == 0
+        and (arch.kv_heads % tp == 0 or tp % arch.kv_heads == 0)
+        and pp <= arch.layers
+    ]
+    return layouts or [Layout()]
+
+
+def _layout(text: str) -> Layout:
+    try:
+        return parse_layout(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _count(text: str) -> int:
     value = Fraction(text)
     if value.denominator != 1 or value < 1:
@@ -143,8 +179,22 @@ def _count(text: str) -> int:
 
 
 def _run_manifests(filename: str, output: str) -> int:
-    text = sys.stdin.read() if filename == "-" else Path(filename).read_text()
-    reports = [_report(document) for document in _clusters(text)]
+    try:
+        text = sys.stdin.read() if filename == "-" else Path(filename).read_text()
+        documents = list(_clusters(text))
+    except OSError as error:
+        print(f"shoal plan: cannot read {filename}: {error.strerror}", file=sys.stderr)
+        return 2
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        print(
+            f"shoal plan: {filename} is not YAML{line}: {getattr(error, 'problem', error)}; "
+            "fix the manifest (kubectl apply --dry-run=client -f shows the same)",
+            file=sys.stderr,
+        )
+        return 2
+    reports = [_report(document) for document in documents]
     if not reports:
         print(f"shoal plan: no {KIND} in {filename}", file=sys.stderr)
         return 2
