@@ -100,3 +100,29 @@ def test_set_image_and_scale_on_a_replica_are_reverted_and_the_serving_pod_kept(
     pod = get_json(testbed, "pod", "drift-r0-0", "-n", ns)
     assert pod["metadata"]["uid"] == pod_uid, "the serving pod was replaced by the drift"
     assert pod["spec"]["containers"][0]["image"] == ENGINE_IMAGE
+
+
+def test_a_child_write_the_api_server_refuses_is_a_condition_and_an_event(
+    testbed: Testbed, ns: str
+) -> None:
+    apply(testbed, ns, cluster_manifest("refused", replicas=1, tensor=4))
+    wait_ready(testbed, ns, "refused", 1)
+    # Passed through to the StatefulSet, where the API server refuses it.
+    _patch(testbed, ns, "refused", {"engine": {"env": [{"value": "no name"}]}})
+    generation = cluster(testbed, ns, "refused")["metadata"]["generation"]
+
+    def reported() -> dict[str, Any] | None:
+        found = _conditions(testbed, ns, "refused").get("SpecValid", {})
+        return found if found.get("status") == "False" else None
+
+    condition = wait_for(reported, what="SpecValid=False", timeout=REPAIR_SECONDS, interval=0.2)
+    assert condition["reason"] == "ChildRefused"
+    assert "StatefulSet refused-r0" in condition["message"]
+    # The API server's words, naming the child's field (after the env shoal sets).
+    assert ".env[" in condition["message"] and "name: Required value" in condition["message"]
+    status = cluster(testbed, ns, "refused")["status"]
+    assert status["observedGeneration"] == generation
+    warnings = [e for e in events(testbed, ns, "refused") if e["type"] == "Warning"]
+    assert "ChildRefused" in [e["reason"] for e in warnings]
+    # The fleet keeps serving what it ran.
+    assert printed_columns(testbed, ns, "refused")["READY"] == "1"

@@ -9,9 +9,9 @@ from typing import Any
 
 from shoal.api.status import VLLMClusterStatus
 from shoal.api.validation import validate_spec
-from shoal.controller.decide import Decision, Memory, Probes
+from shoal.controller.decide import Decision, Event, EventType, Memory, Probes
 from shoal.controller.observe import Observed, ReplicaFacts, RouterFacts
-from shoal.controller.status import StatusInputs, build_status, status_patch
+from shoal.controller.status import Refusal, StatusInputs, build_status, refusal_event, status_patch
 from shoal.engine.metrics import KVPool
 from tests.unit.controller_samples import spec_of
 from tests.unit.test_controller_decide import pod_for, set_for
@@ -158,3 +158,35 @@ def test_operator_metrics_count_events_by_reason_and_still_post_them() -> None:
     assert 'shoal_operator_events_total{reason="ReplicaRestarted",type="Normal"} 2.0' in text
     assert 'shoal_operator_events_total{reason="WarmupTimedOut",type="Warning"} 1.0' in text
     assert [e.reason for e in posted] == ["ReplicaRestarted", "ReplicaRestarted", "WarmupTimedOut"]
+
+
+def test_a_refused_child_write_is_spec_valid_false_with_the_api_servers_words() -> None:
+    refused = Refusal(
+        "StatefulSet c-r0",
+        422,
+        'StatefulSet.apps "c-r0" is invalid: spec.template.spec.containers[0].env[1].name: '
+        "Required value",
+    )
+    status = build_status(inputs(two_serving(), refused=(refused,)))
+    found = conditions(status)
+    assert found["SpecValid"]["status"] == "False"
+    assert found["SpecValid"]["reason"] == "ChildRefused"
+    assert "StatefulSet c-r0: " in found["SpecValid"]["message"]
+    assert "env[1].name: Required value" in found["SpecValid"]["message"]
+    assert (found["Progressing"]["status"], found["Progressing"]["reason"]) == (
+        "False",
+        "ChildRefused",
+    )
+    # What runs is still described, for the generation the operator saw.
+    assert status["observedGeneration"] == 3
+    assert status["readyReplicas"] == 2 and found["Ready"]["status"] == "True"
+
+
+def test_a_child_write_refused_for_another_reason_is_degraded_reconcile_failed() -> None:
+    refused = Refusal("Service c-router", 403, "forbidden")
+    found = conditions(build_status(inputs(two_serving(), refused=(refused,))))
+    assert (found["Degraded"]["status"], found["Degraded"]["reason"]) == ("True", "ReconcileFailed")
+    assert found["SpecValid"]["status"] == "True"
+    assert refusal_event((refused,)) == Event(
+        EventType.WARNING, "ReconcileFailed", "Service c-router: forbidden"
+    )

@@ -72,7 +72,8 @@ class ClusterState:
     static_applied: set[str] = field(default_factory=set)  # kind/name made by this process
     drift_reported: dict[str, list[str]] = field(default_factory=dict)  # kind/name -> fields
     last_error: str | None = None  # the spec's errors, last reported
-    last_failure: str | None = None  # the last failed pass, last reported
+    last_failure: str | None = None  # the last failed pass or refused writes, last reported
+    refused_backoff: float = 5.0  # seconds until a pass with refused writes looks again
     nodes_unreadable: bool = False  # node-loss handling off (said once)
 
 

@@ -39,6 +39,7 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+        self.message = message  # the API server's own words
 
 
 def kind_of(api_version: str, kind: str) -> type[APIObject]:

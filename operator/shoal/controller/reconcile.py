@@ -61,10 +61,20 @@ from shoal.controller.names import (
 )
 from shoal.controller.observe import Observed, SetFacts, observe
 from shoal.controller.restarts import seed_restart_times
-from shoal.controller.status import StatusInputs, build_status, degraded_event, status_patch
+from shoal.controller.status import (
+    Refusal,
+    StatusInputs,
+    build_status,
+    degraded_event,
+    refusal_event,
+    status_patch,
+)
 from shoal.controller.warming import warmup_policy
 
 _log = logging.getLogger(__name__)
+# A pass with refused child writes looks again after this, doubling up to the max.
+REFUSED_BACKOFF_SECONDS = 5.0
+REFUSED_BACKOFF_MAX_SECONDS = 60.0
 
 
 def heal_policy(spec: VLLMClusterSpec) -> HealPolicy:
@@ -147,6 +157,7 @@ async def _reconcile(
         )
         if seeded and not state.memory.restart_times:
             state.memory = dataclasses.replace(state.memory, restart_times=seeded)
+    refused: list[Refusal] = []
     if paused:
         decision, probes = Decision(memory=state.memory), Probes()
     else:
@@ -163,7 +174,7 @@ async def _reconcile(
             now=time.monotonic(),
             nodes=nodes,
         )
-        await _act(ctx, body, ref, state, decision, fleet, observed, live, changed)
+        await _act(ctx, body, ref, state, decision, fleet, observed, live, changed, refused)
         if valid and spec is not None:
             for pod in decision.warm:
                 ctx.warmups.start(
@@ -188,15 +199,24 @@ async def _reconcile(
             kv_pools=state.kv_pools,
             previous=previous,
             now=now_text(),
+            refused=tuple(refused),
         )
     )
     if (event := degraded_event(previous, status)) is not None:
         log.warning("%s: %s", event.reason, event.message)
         ctx.post_event(body, event)
+    _report_refusals(ctx, body, state, tuple(refused))
     await _write_status(ctx, ref, state, previous, status)
-    if decision.requeue_seconds is not None:
-        log.debug("looking again in %.1fs", decision.requeue_seconds)
-    return decision.requeue_seconds
+    requeue = decision.requeue_seconds
+    if refused:
+        # Refused writes are the user's to fix; look again, less and less often.
+        requeue = min(requeue or state.refused_backoff, state.refused_backoff)
+        state.refused_backoff = min(state.refused_backoff * 2, REFUSED_BACKOFF_MAX_SECONDS)
+    else:
+        state.refused_backoff = REFUSED_BACKOFF_SECONDS
+    if requeue is not None:
+        log.debug("looking again in %.1fs", requeue)
+    return requeue
 
 
 async def _observe(
@@ -346,10 +366,21 @@ async def _nodes_not_ready(
     return {name: since for name, since in lost.items() if name in used}
 
 
-async def _apply(ctx: OperatorContext, ref: ClusterRef, manifest: Manifest) -> None:
-    await ctx.kube.apply(stamped(manifest))
+async def _apply(
+    ctx: OperatorContext, ref: ClusterRef, manifest: Manifest, refused: list[Refusal]
+) -> bool:
+    """Apply; a refusal is noted in refused (the pass goes on with the other
+    children, and status and an Event say what was refused), not raised."""
     name = manifest["metadata"]["name"]
-    cluster_logger(ref.namespace, ref.name).info("applied %s %s", manifest["kind"], name)
+    log = cluster_logger(ref.namespace, ref.name)
+    try:
+        await ctx.kube.apply(stamped(manifest))
+    except ApiError as error:
+        refused.append(Refusal(f"{manifest['kind']} {name}", error.status, error.message))
+        log.warning("the API server refused %s %s: %s", manifest["kind"], name, error)
+        return False
+    log.info("applied %s %s", manifest["kind"], name)
+    return True
 
 
 async def _apply_static(
@@ -359,6 +390,7 @@ async def _apply_static(
     state: ClusterState,
     manifests: list[Manifest],
     live: LiveChildren,
+    refused: list[Refusal],
 ) -> None:
     """Apply what is missing, outdated or changed by hand, compared with the
     live objects the watches keep (no GET: an idle fleet reads nothing)."""
@@ -378,7 +410,8 @@ async def _apply_static(
             event = _drift_event(key, changed)
         else:
             continue
-        await _apply(ctx, ref, manifest)
+        if not await _apply(ctx, ref, manifest, refused):
+            continue
         state.static_applied.add(key)
         if event is not None:
             _post(ctx, body, ref, event)
@@ -416,17 +449,18 @@ async def _act(
     observed: Observed,
     live: LiveChildren,
     changed: dict[str, list[str]],
+    refused: list[Refusal],
 ) -> None:
     if fleet is not None:
-        await _apply_static(ctx, body, ref, state, fleet.before, live)
+        await _apply_static(ctx, body, ref, state, fleet.before, live, refused)
     for manifest in decision.apply:
-        await _apply(ctx, ref, manifest)
+        await _apply(ctx, ref, manifest, refused)
     if fleet is not None:
         for manifest in fleet.after:
             router = observed.router
             key = f"{manifest['kind']}/{manifest['metadata']['name']}"
             if router is None or router.spec_hash != manifest_hash(manifest) or key in changed:
-                await _apply(ctx, ref, manifest)
+                await _apply(ctx, ref, manifest, refused)
     # Out of rotation first (a restart stops traffic before its pods go).
     for gate in decision.gates:
         condition = {
@@ -475,6 +509,19 @@ async def _act(
         )
     for event in decision.events:
         _post(ctx, body, ref, event)
+
+
+def _report_refusals(
+    ctx: OperatorContext, body: Mapping[str, Any], state: ClusterState, refused: tuple[Refusal, ...]
+) -> None:
+    """A Warning Event when child writes are refused (once per distinct refusal)."""
+    event = refusal_event(refused)
+    message = event.message if event is not None else None
+    if event is not None and message != state.last_failure:
+        meta = body["metadata"]
+        cluster_logger(meta["namespace"], meta["name"]).warning("%s: %s", event.reason, message)
+        ctx.post_event(body, event)
+    state.last_failure = message
 
 
 def _report_spec(

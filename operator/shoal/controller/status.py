@@ -32,6 +32,23 @@ from shoal.engine.metrics import KVPool
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A child write the API server refused, as it said."""
+
+    child: str  # kind name
+    code: int  # HTTP status
+    message: str
+
+    @property
+    def invalid(self) -> bool:
+        """The manifest itself was refused (a value the spec passed through)."""
+        return self.code in (400, 422)
+
+    def __str__(self) -> str:
+        return f"{self.child}: {self.message}"
+
+
+@dataclass(frozen=True)
 class StatusInputs:
     name: str
     namespace: str
@@ -46,6 +63,7 @@ class StatusInputs:
     kv_pools: Mapping[str, KVPool]  # by leader pod uid
     previous: Mapping[str, Any]  # the status as it is now
     now: str  # RFC 3339
+    refused: tuple[Refusal, ...] = ()  # this pass's child writes the API server refused
 
 
 def build_status(inputs: StatusInputs) -> dict[str, Any]:
@@ -258,6 +276,17 @@ def _progressing(
         return False, "Paused", f"reconciling is paused by the {ANNOTATION_PAUSED} annotation"
     if inputs.errors:
         return False, "InvalidSpec", "the spec is invalid (see SpecValid); the fleet is left as is"
+    if inputs.refused:
+        reason = _refusal_reason(inputs.refused)
+        return (
+            False,
+            reason,
+            (
+                f"the API server refused {_refused_children(inputs.refused)} "
+                f"(see {'SpecValid' if reason == 'ChildRefused' else 'Degraded'}); "
+                "what runs is left as is"
+            ),
+        )
     states = {r.index: r.state for r in replicas}
     draining = sorted(i for i, s in states.items() if s is ReplicaState.DRAINING)
     missing = [i for i in range(wanted) if inputs.observed.replica(i).leader is None]
@@ -281,6 +310,8 @@ def _progressing(
 def _degraded(inputs: StatusInputs) -> tuple[bool, str, str]:
     if inputs.decision.degraded is not None:
         return True, *inputs.decision.degraded
+    if failed := [r for r in inputs.refused if not r.invalid]:
+        return True, "ReconcileFailed", "; ".join(str(r) for r in failed)
     for replica in sorted(inputs.observed.replicas.values(), key=lambda r: r.index):
         for pod in replica.members:
             if pod.unschedulable is not None:
@@ -299,7 +330,25 @@ def _degraded(inputs: StatusInputs) -> tuple[bool, str, str]:
 def _spec_valid(inputs: StatusInputs) -> tuple[bool, str, str]:
     if inputs.errors:
         return False, "InvalidSpec", "; ".join(str(error) for error in inputs.errors)
+    if invalid := [r for r in inputs.refused if r.invalid]:
+        return False, "ChildRefused", "; ".join(str(r) for r in invalid)
     return True, "Valid", "the spec is valid"
+
+
+def _refusal_reason(refused: tuple[Refusal, ...]) -> str:
+    return "ChildRefused" if any(r.invalid for r in refused) else "ReconcileFailed"
+
+
+def _refused_children(refused: tuple[Refusal, ...]) -> str:
+    return ", ".join(dict.fromkeys(r.child for r in refused))
+
+
+def refusal_event(refused: tuple[Refusal, ...]) -> Event | None:
+    """The Warning for this pass's refused child writes (None: none)."""
+    if not refused:
+        return None
+    message = "; ".join(str(r) for r in refused)
+    return Event(EventType.WARNING, _refusal_reason(refused), message[:1024])
 
 
 def _list(indices: list[int]) -> str:
