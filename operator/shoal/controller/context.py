@@ -15,9 +15,9 @@ from shoal.controller.identity import ClusterRef, Manifest
 from shoal.controller.kube import KubeApi
 from shoal.controller.metrics import OperatorMetrics
 from shoal.controller.probes import EngineProbe
+from shoal.controller.warming import Warmups
 from shoal.engine.client import EngineClient
 from shoal.engine.metrics import KVPool
-from shoal.controller.warming import Warmups
 
 ClusterKey = tuple[str, str]  # namespace, name
 PostEvent = Callable[[Any, Event], None]
@@ -79,9 +79,6 @@ class ClusterState:
 
 @dataclass
 class OperatorContext:
-    probe: EngineProbe = field(init=False)
-    warmups: Warmups = field(init=False)
-    health: HealthChecks = field(init=False)
     settings: ControllerSettings
     post_event: PostEvent
     kube: KubeApi = field(default_factory=KubeApi)
@@ -89,6 +86,9 @@ class OperatorContext:
     engine: EngineClient = field(default_factory=EngineClient)
     wakeups: Wakeups = field(default_factory=Wakeups)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    probe: EngineProbe = field(init=False)
+    warmups: Warmups = field(init=False)
+    health: HealthChecks = field(init=False)
 
     def __post_init__(self) -> None:
         self.probe = EngineProbe(self.engine)
