@@ -85,15 +85,17 @@ def test_bench_reports_latency_throughput_and_engine_counters(tmp_path: Path) ->
 
 
 def test_bench_counts_the_errors_of_a_failing_engine(tmp_path: Path) -> None:
-    spec = FleetSpec(replicas=2, sim_args=("--sim-fault-api",))
+    """Straight at an engine failing half its requests (the router would retry
+    them elsewhere, and the bench would see none)."""
+    spec = FleetSpec(replicas=1, sim_args=("--sim-fault-api",))
     with LocalFleet(spec, policy="round-robin", workdir=tmp_path / "fleet") as fleet:
-        httpx.post(fleet.engines[0] + "/_sim/fault", json={"error_rate": 1.0}).raise_for_status()
+        httpx.post(fleet.engines[0] + "/_sim/fault", json={"error_rate": 0.5}).raise_for_status()
         done = shoal(
             "bench",
             "--url",
-            fleet.router,
+            fleet.engines[0],
             "--engines",
-            ",".join(fleet.engines),
+            fleet.engines[0],
             "--workload",
             "random",
             "--rate",
@@ -109,8 +111,6 @@ def test_bench_counts_the_errors_of_a_failing_engine(tmp_path: Path) -> None:
     assert result["failed"] > 0 and result["completed"] > 0
     assert result["failed"] + result["completed"] == 30
     assert any(error.startswith("HTTP 500") for error in result["errors"])
-    healthy = next(r for r in result["replicas"] if r["url"] == fleet.engines[1])
-    assert healthy["requests"] == result["completed"]
 
 
 def test_replay_follows_the_trace_and_closed_loop_caps_concurrency(tmp_path: Path) -> None:
