@@ -39,6 +39,9 @@ def test_an_engine_that_exits_at_start_is_shown_crash_looping_with_its_exit_code
     )
     assert "the engine of pod crash-r0-0 exits with code 2" in degraded["message"]
     assert "see kubectl logs crash-r0-0 --previous" in degraded["message"]
+    # The engine's last words reach status (terminationMessagePolicy
+    # FallbackToLogsOnError), with the fix they point to.
+    assert "the KV cache cannot hold spec.engine.maxModelLen tokens" in degraded["message"]
     assert printed_columns(testbed, ns, "crash")["STATUS"] == "EngineCrashLooping"
     entry = cluster(testbed, ns, "crash")["status"]["replicaStatuses"][0]
     assert entry["state"] == "CrashLooping"

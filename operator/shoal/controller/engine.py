@@ -173,6 +173,10 @@ def _pod_spec(ref: ClusterRef, spec: VLLMClusterSpec, *, index: int, role: str) 
         "name": "engine",
         "image": spec.image,
         "command": ["vllm", "serve"],
+        # vLLM writes no termination message; its log's last lines (a 401 from
+        # the Hub, a refused flag, an OOM) become the container's, which the
+        # operator turns into Degraded's message and the fix it names.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if role == ROLE_LEADER:
         container["args"] = engine_args(spec) + _group_args(ref, spec, index=index, rank="0")
