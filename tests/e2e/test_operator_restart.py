@@ -88,7 +88,7 @@ def test_an_operator_killed_after_the_first_statefulset_converges_without_duplic
                     if p["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"
                 ]
                 assert names(engines) == ["fleet-r0-0", "fleet-r1-0", "fleet-r2-0"]
-                assert len(pods) == 4  # and one router pod
+                assert len(pods) == 5  # and spec.router.replicas' default of two router pods
                 replicasets = get_json(testbed, "replicasets", "-n", ns)["items"]
                 assert len(replicasets) == 1
                 delete_clusters(testbed, ns)
