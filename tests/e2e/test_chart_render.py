@@ -81,6 +81,8 @@ def test_no_rbac_values_create_no_rbac_and_use_the_given_account() -> None:
     pod = by_kind["Deployment"][0]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "platform-shoal"
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    # The operator hands them on to the router pods it creates.
+    assert "--router-image-pull-secret=regcred" in pod["containers"][0]["args"]
 
 
 def test_monitoring_values_add_monitors_and_a_valid_dashboard() -> None:

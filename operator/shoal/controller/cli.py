@@ -42,6 +42,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="image of the router pods (default: $SHOAL_ROUTER_IMAGE or %(default)s)",
     )
     parser.add_argument(
+        "--router-image-pull-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an image pull Secret for the router pods (repeatable); it must exist in each "
+        "VLLMCluster's namespace, as pull Secrets are read from the pod's own",
+    )
+    parser.add_argument(
         "--standalone",
         action="store_true",
         help="never use kopf peering, even when its resources are installed",
@@ -75,7 +83,10 @@ async def peering_installed(kube: KubeApi, *, clusterwide: bool) -> bool:
 
 
 async def operate(args: argparse.Namespace) -> None:
-    settings = ControllerSettings(router_image=args.router_image)
+    settings = ControllerSettings(
+        router_image=args.router_image,
+        router_pull_secrets=tuple(args.router_image_pull_secret),
+    )
     metrics = OperatorMetrics()
     ctx = OperatorContext(
         settings=settings, post_event=metrics.counting(post_event), metrics=metrics

@@ -32,6 +32,8 @@ class LiveChildren(Protocol):
 @dataclass(frozen=True)
 class ControllerSettings:
     router_image: str
+    # Secrets (by name, in each cluster's namespace) the router pods pull with.
+    router_pull_secrets: tuple[str, ...] = ()
 
 
 class Wakeups:

@@ -133,7 +133,12 @@ async def _reconcile(
     changed: dict[str, list[str]] = {}
     if valid:
         assert spec is not None
-        fleet = desired_fleet(ref, spec, router_image=ctx.settings.router_image)
+        fleet = desired_fleet(
+            ref,
+            spec,
+            router_image=ctx.settings.router_image,
+            router_pull_secrets=ctx.settings.router_pull_secrets,
+        )
         if not paused:
             changed = drifted(fleet.all(), listed)
             _report_drift(ctx, body, ref, state, changed)
