@@ -10,15 +10,24 @@ request bytes echoed and no traceback logged; the router keeps serving:
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
+import logging
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
+from shoal.router import proxy
+from shoal.router.app import Discovery, Router
+from shoal.router.config import RouterConfig
+from shoal.router.fleet import Fleet
 from tests.integration.procs import MODEL, router, sims
 
 FINE = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
@@ -113,3 +122,66 @@ def test_hop_by_hop_headers_of_an_answer_do_not_reach_the_client(tmp_path: Path)
     assert answer.status_code == 200 and answer.headers["x-kept"] == "yes"
     for name in ("x-secret-hop", "proxy-authenticate", "upgrade", "trailer"):
         assert name not in answer.headers, answer.headers
+
+
+def test_a_router_bug_answers_an_openai_shaped_500_and_logs_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # No hostile input is known to still break a handler: the bug is planted.
+    def broken(*_: object) -> str:
+        raise RuntimeError("planted bug")
+
+    monkeypatch.setattr(proxy, "render_prompt", broken)
+    monkeypatch.setattr(Fleet, "routable", broken)
+    router_ = Router(RouterConfig(), Discovery(endpoints=["http://127.0.0.1:9"]))
+
+    async def ask() -> list[tuple[int, str, str, dict[str, object]]]:
+        await router_.proxy.start()
+        async with TestClient(TestServer(router_.app())) as client:
+            answers = []
+            for method, path in (("POST", "/v1/completions"), ("GET", "/v1/models")):
+                answer = await client.request(method, path, json=FINE)
+                answers.append(
+                    (
+                        answer.status,
+                        answer.headers["Content-Type"],
+                        answer.headers.get("X-Request-Id", ""),
+                        await answer.json(content_type=None),
+                    )
+                )
+        await router_.proxy.close()
+        return answers
+
+    with caplog.at_level(logging.INFO, logger="shoal.router"):
+        answers = asyncio.run(ask())
+    completion = answers[0]
+    for status, content_type, _, body in answers:
+        assert status == 500 and content_type.startswith("application/json"), body
+        assert body["error"]["code"] == 500, body  # type: ignore[index]
+    assert completion[2]  # the request id, on errors too
+    failures = [r for r in caplog.records if "planted bug" in r.getMessage()]
+    assert len(failures) == 2 and all(r.exc_info is None for r in failures), caplog.records
+
+
+def test_a_body_that_trickles_in_gets_408_within_the_body_deadline(tmp_path: Path) -> None:
+    config = {"timeouts": {"clientBodySeconds": 1}}
+    with sims(1, tmp_path) as urls, router(urls, tmp_path, config=config) as front:
+        host, port = front.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as slow:
+            slow.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100\r\n\r\n" + b'{"model": '
+            )
+            started = time.monotonic()
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                got = slow.recv(65536)
+                if not got:
+                    break
+                answer += got
+            waited = time.monotonic() - started
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), answer
+        assert json.loads(body)["error"]["code"] == 408
+        assert waited < 5
+        assert httpx.post(front + "/v1/completions", json=FINE, timeout=10).status_code == 200

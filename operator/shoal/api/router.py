@@ -143,7 +143,16 @@ class RouterThresholds(ApiModel):
 
 
 class RouterTimeouts(ApiModel):
-    """Deadlines of one upstream attempt; keep them shorter than the engine's."""
+    """Deadlines of a client's request body, then of one upstream attempt (keep
+    those shorter than the engine's)."""
+
+    client_body_seconds: int = Field(
+        default=60,
+        ge=1,
+        le=3600,
+        description="For a client to send its whole request body; a body still "
+        "incomplete then gets 408 and the connection is closed.",
+    )
 
     connect_seconds: int = Field(default=5, ge=1, le=3600, description="To connect to a replica.")
     first_byte_seconds: int = Field(

@@ -15,7 +15,7 @@ from prometheus_client import generate_latest
 
 from shoal.router.config import RouterConfig
 from shoal.router.discovery import PodWatcher, static_endpoints
-from shoal.router.errors import error_response
+from shoal.router.errors import error_response, guarded
 from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.heap import settle
 from shoal.router.hot import HotPrefixes
@@ -39,11 +39,17 @@ class Discovery:
 
 class Router:
     def __init__(
-        self, config: RouterConfig, discovery: Discovery, key_file: KeyFile | None = None
+        self,
+        config: RouterConfig,
+        discovery: Discovery,
+        key_file: KeyFile | None = None,
+        *,
+        engine_key_file: KeyFile | None = None,
     ) -> None:
         self.config = config
         self.discovery = discovery
         self.key_file = key_file
+        self.engine_key_file = engine_key_file
         self.metrics = RouterMetrics()
         self.fleet = Fleet(config)
         hot = config.hot_prefixes
@@ -63,6 +69,8 @@ class Router:
             api_keys=key_file.keys if key_file else [],
             hot=self.hot,
         )
+        if engine_key_file is not None:
+            self.proxy.set_engine_key(engine_key_file.keys[0])
         self.scraper = Scraper(fleet=self.fleet, metrics=self.metrics, on_change=self._after_scrape)
         self.draining = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -103,16 +111,17 @@ class Router:
             )
             self._tasks.append(asyncio.get_running_loop().create_task(watcher.run()))
         self._tasks.append(asyncio.get_running_loop().create_task(self.scraper.run()))
-        if self.key_file is not None:
+        if self.key_file is not None or self.engine_key_file is not None:
             self._tasks.append(asyncio.get_running_loop().create_task(self._reload_keys()))
 
     async def _reload_keys(self) -> None:
-        assert self.key_file is not None
         while True:
             await asyncio.sleep(self.config.api_key_reload_seconds)
-            # A stat per period; the file is read only when it changed.
-            if self.key_file.refresh():
+            # A stat per period; a file is read only when it changed.
+            if self.key_file is not None and self.key_file.refresh():
                 self.proxy.api_keys = self.key_file.keys
+            if self.engine_key_file is not None and self.engine_key_file.refresh():
+                self.proxy.set_engine_key(self.engine_key_file.keys[0])
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -157,11 +166,13 @@ class Router:
             return error_response(401, "Missing or invalid API key.", param="Authorization")
         assert self.proxy.session is not None
         session = self.proxy.session
+        engine_key = self.engine_key_file.keys[0] if self.engine_key_file else None
+        headers = {"Authorization": "Bearer " + engine_key.decode()} if engine_key else None
 
         async def fetch(url: str) -> list[dict[str, Any]]:
             try:
                 async with session.get(
-                    url + "/v1/models", timeout=aiohttp.ClientTimeout(total=2)
+                    url + "/v1/models", headers=headers, timeout=aiohttp.ClientTimeout(total=2)
                 ) as response:
                     if response.status != 200:
                         return []
@@ -186,10 +197,12 @@ class Router:
         app = web.Application(client_max_size=self.config.max_body_bytes)
         app.router.add_post("/v1/completions", self.proxy.handle)
         app.router.add_post("/v1/chat/completions", self.proxy.handle)
-        app.router.add_get("/v1/models", self.models)
+        # The completions handler has its own catch-all (it also stamps the
+        # request id); the others are guarded here.
+        app.router.add_get("/v1/models", guarded(self.models))
         app.router.add_get("/health", self.health)
-        app.router.add_get("/ready", self.ready)
-        app.router.add_get("/metrics", self.metrics_endpoint)
+        app.router.add_get("/ready", guarded(self.ready))
+        app.router.add_get("/metrics", guarded(self.metrics_endpoint))
         # Routes of their own rather than a middleware (which would cost every
         # request a call): what aiohttp would answer in plain text, as
         # OpenAI-shaped errors.
@@ -200,7 +213,7 @@ class Router:
 
     def internal_app(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/hot-prefixes", self.hot_prefixes)
+        app.router.add_get("/hot-prefixes", guarded(self.hot_prefixes))
         return app
 
 

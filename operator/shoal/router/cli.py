@@ -60,12 +60,15 @@ def run(args: argparse.Namespace) -> int:
         engine_port=args.engine_port,
     )
     key_path = args.api_key_file or config.api_key_file
+    engine_key_path = config.engine_key_file
     try:
         key_file = KeyFile(Path(key_path)) if key_path else None
+        engine_key_file = KeyFile(Path(engine_key_path)) if engine_key_path else None
     except KeyFileError as error:
         raise SystemExit(str(error)) from error
     # uvloop: the router relays ~10k stream chunks a second at 256 streams,
     # and the event loop's own cost is most of its per-chunk cost.
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(serve(Router(config, discovery, key_file), host=args.host, port=args.port))
+        router = Router(config, discovery, key_file, engine_key_file=engine_key_file)
+        runner.run(serve(router, host=args.host, port=args.port))
     return 0

@@ -23,6 +23,11 @@ class RouterConfig(RouterSettings):
     api_key_file: str | None = Field(
         default=None, description="File of accepted API keys, one per line."
     )
+    engine_key_file: str | None = Field(
+        default=None,
+        description="File whose first line is the key sent to engines (Authorization: "
+        "Bearer), for engines started with --api-key; re-read when it changes.",
+    )
     hot_prefixes_port: int = Field(
         default=HOT_PREFIXES_PORT,
         ge=0,

@@ -5,10 +5,16 @@ vLLM and the OpenAI SDKs use."""
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
+
+log = logging.getLogger("shoal.router")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _TYPES = {
     400: "BadRequestError",
@@ -17,6 +23,7 @@ _TYPES = {
     413: "BadRequestError",
     415: "BadRequestError",
     429: "RateLimitError",
+    500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
 
@@ -48,3 +55,31 @@ def sse_error(status: int, message: str) -> bytes:
     OpenAI's SDKs raise an APIError on an event whose data has `error`; the
     leading blank lines end any event the engine left cut short."""
     return b"\n\ndata: %s\n\ndata: [DONE]\n\n" % json.dumps(error_body(status, message)).encode()
+
+
+def internal_error(request: web.Request, error: Exception) -> web.Response:
+    """A router bug's answer: an OpenAI-shaped 500 and one log line (the
+    traceback only at DEBUG), instead of aiohttp's plain-text 500."""
+    log.error(
+        "%s %s failed: %s: %s",
+        request.method,
+        request.path,
+        type(error).__name__,
+        str(error)[:200],
+        exc_info=error if log.isEnabledFor(logging.DEBUG) else None,
+    )
+    return error_response(500, "The router failed on this request.")
+
+
+def guarded(handler: Handler) -> Handler:
+    """`handler`, answering `internal_error` for any exception it lets out."""
+
+    async def guarded_handler(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException:
+            raise
+        except Exception as error:
+            return internal_error(request, error)
+
+    return guarded_handler

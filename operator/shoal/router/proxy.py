@@ -11,7 +11,9 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +23,7 @@ from multidict import CIMultiDict
 
 from shoal.router.breaker import Outcome
 from shoal.router.config import RouterConfig
-from shoal.router.errors import error_response, sse_error
+from shoal.router.errors import error_response, internal_error, sse_error
 from shoal.router.fleet import Fleet, Replica
 from shoal.router.hot import HotPrefixes
 from shoal.router.metrics import RouterMetrics
@@ -34,6 +36,13 @@ log = logging.getLogger("shoal.router")
 
 # Which replica answered: for debugging, and for tests that count placements.
 REPLICA_HEADER = "x-shoal-replica"
+# Kept from the client or generated, sent to the engine, and returned.
+REQUEST_ID_HEADER = "X-Request-Id"
+# A client's request id is echoed in a header and logged: printable ASCII of
+# a sane length, or a new one is made.
+_REQUEST_ID = re.compile(r"[!-~]{1,128}")
+# W3C trace context, forwarded as it came.
+_TRACE_HEADERS = ("traceparent", "tracestate")
 # An engine's answer headers the client does not get: RFC 9110's hop-by-hop
 # fields (section 7.6.1, plus the ones it names as in use; those listed in
 # Connection too), and the ones the router sets itself: the framing of the
@@ -91,6 +100,7 @@ class Proxy:
         self.api_keys = api_keys
         self.hot = hot
         self.chooser = Chooser(config)
+        self.engine_authorization = b""  # the header line engines are sent, if any
         self.capacity_changed = asyncio.Condition()
         self.waiting = 0
         self.inflight = 0
@@ -120,6 +130,10 @@ class Proxy:
         async with self.capacity_changed:
             self.capacity_changed.notify_all()
 
+    def set_engine_key(self, key: bytes | None) -> None:
+        """The key engines are sent (replacing the client's, the router's own)."""
+        self.engine_authorization = b"Authorization: Bearer %s\r\n" % key if key else b""
+
     # ---- request path
     def authorized(self, request: web.Request) -> bool:
         if not self.api_keys:
@@ -137,6 +151,37 @@ class Proxy:
         return matched
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        given = request.headers.get(REQUEST_ID_HEADER)
+        request_id = given if given and _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        try:
+            response = await self._handle(request, request_id)
+        except Exception as error:
+            response = internal_error(request, error)
+        if not response.prepared:  # a stream got it with its headers
+            response.headers[REQUEST_ID_HEADER] = request_id
+        return response
+
+    def _identity(self, request: web.Request, request_id: str) -> bytes:
+        """Header lines the engine gets about the client's request. Values
+        arrive as aiohttp parsed them (no CR or LF), surrogate-escaped."""
+        headers = request.headers
+        lines = [b"X-Request-Id: %s\r\n" % request_id.encode()]
+        for name in _TRACE_HEADERS:
+            value = headers.get(name)
+            if value:
+                lines.append(b"%s: %s\r\n" % (name.encode(), _raw(value)))
+        remote = request.remote or ""
+        forwarded = headers.get("X-Forwarded-For")
+        lines.append(
+            b"X-Forwarded-For: %s\r\n" % _raw(f"{forwarded}, {remote}" if forwarded else remote)
+        )
+        # One set by a proxy in front (an ingress ending TLS) is kept.
+        proto = headers.get("X-Forwarded-Proto") or request.scheme
+        lines.append(b"X-Forwarded-Proto: %s\r\n" % _raw(proto))
+        lines.append(self.engine_authorization)
+        return b"".join(lines)
+
+    async def _handle(self, request: web.Request, request_id: str) -> web.StreamResponse:
         started = time.perf_counter()
         if not self.authorized(request):
             self.metrics.rejected.labels("unauthorized").inc()
@@ -157,10 +202,25 @@ class Proxy:
             self.metrics.rejected.labels("too_large").inc()
             return error_response(413, f"Request body exceeds {self.config.max_body_bytes} bytes.")
         try:
-            raw = await request.read()
+            if request.content.is_eof():  # the whole body came with the headers
+                raw = await request.read()
+            else:
+                # A timer, not a task: a body that trickles in (slow loris)
+                # holds the connection only this long.
+                async with asyncio.timeout(self.config.timeouts.client_body_seconds):
+                    raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             self.metrics.rejected.labels("too_large").inc()
             return error_response(413, f"Request body exceeds {self.config.max_body_bytes} bytes.")
+        except TimeoutError:
+            self.metrics.rejected.labels("body_timeout").inc()
+            slow = error_response(
+                408,
+                f"The request body did not arrive within "
+                f"{self.config.timeouts.client_body_seconds} seconds.",
+            )
+            slow.force_close()  # the rest of the body would pass for a request
+            return slow
         body, problem = _parse_body(raw)
         if body is None:
             self.metrics.rejected.labels("bad_request").inc()
@@ -179,6 +239,7 @@ class Proxy:
             self.hot.observe(prompt, key, body)
 
         stream = bool(body.get("stream"))
+        identity = self._identity(request, request_id)
         tried: set[str] = set()
         # A replica's 5xx, held until another replica's answer says whose it
         # is: the replica's if another answers, the request's if it recurs.
@@ -214,7 +275,13 @@ class Proxy:
                     # What the replica must prefill of this prompt, as far as we know.
                     prefill = facts.prompt_tokens - choice.predicted_hit * facts.prefix_tokens
                     response = await self._forward(
-                        request, replica, raw, stream=stream, prefill=prefill
+                        request,
+                        replica,
+                        raw,
+                        request_id=request_id,
+                        identity=identity,
+                        stream=stream,
+                        prefill=prefill,
                     )
                 except UpstreamFailed as failure:
                     last_failure = failure.reason
@@ -291,6 +358,8 @@ class Proxy:
         replica: Replica,
         raw: bytes,
         *,
+        request_id: str,
+        identity: bytes,
         stream: bool,
         prefill: float,
     ) -> web.StreamResponse:
@@ -320,7 +389,11 @@ class Proxy:
                 # asyncio.timeout, not wait_for: no extra task per request.
                 async with asyncio.timeout_at(first_byte_by):
                     exchange, status, headers = await self._send(
-                        replica, request.rel_url.raw_path, raw, on_first=prefilled
+                        replica,
+                        request.rel_url.raw_path,
+                        raw,
+                        identity=identity,
+                        on_first=prefilled,
                     )
             except TimeoutError as error:
                 verdict = Outcome.FAILED
@@ -352,6 +425,7 @@ class Proxy:
                     exchange,
                     status,
                     headers,
+                    request_id=request_id,
                     first_chunk_by=first_byte_by,
                     deadline=deadline,
                 )
@@ -391,11 +465,19 @@ class Proxy:
                 asyncio.get_running_loop().create_task(self.notify_capacity())
 
     async def _send(
-        self, replica: Replica, path: str, raw: bytes, *, on_first: Callable[[], None]
+        self,
+        replica: Replica,
+        path: str,
+        raw: bytes,
+        *,
+        identity: bytes,
+        on_first: Callable[[], None],
     ) -> tuple[Exchange, int, CIMultiDict[str]]:
         """Send the request and wait for the answer's status and headers."""
         address = self.pool.address(replica.endpoint.url)
-        head = request_head(b"POST", address.base + path.encode(), address, len(raw))
+        head = request_head(
+            b"POST", address.base + path.encode(), address, len(raw), extra=identity
+        )
         while True:
             exchange = await self.pool.open(address)
             exchange.send(head + raw, on_first=on_first)
@@ -446,11 +528,13 @@ class Proxy:
         status: int,
         headers: CIMultiDict[str],
         *,
+        request_id: str,
         first_chunk_by: float,
         deadline: float,
     ) -> tuple[web.StreamResponse, str | None]:
         """Relay a streamed answer; the second value says why it broke off
         after its first byte (then the client got an SSE error event)."""
+        headers[REQUEST_ID_HEADER] = request_id  # sent now, with the first bytes
         response = web.StreamResponse(status=status, headers=headers)
         writer = await response.prepare(request)
         assert writer is not None and request.transport is not None
@@ -481,6 +565,9 @@ class Proxy:
             await exchange.done
         except UpstreamError as error:
             failure = relay.failure or f"The replica's stream broke off ({error})."
+        except Exception as error:
+            internal_error(request, error)
+            failure = "The router failed on this stream."
         finally:
             relay.stop()
         with contextlib.suppress(ConnectionResetError):
@@ -490,6 +577,11 @@ class Proxy:
                 await response.write(sse_error(502, failure))
             await response.write_eof()
         return response, failure
+
+
+def _raw(value: str) -> bytes:
+    """A header value as the client sent its bytes."""
+    return value.encode("utf-8", "surrogateescape")
 
 
 def _session_key(request: web.Request, body: dict[str, Any]) -> int | None:

@@ -293,9 +293,12 @@ class Pool:
         self._idle.clear()
 
 
-def request_head(method: bytes, path: bytes, address: Address, body_length: int) -> bytes:
+def request_head(
+    method: bytes, path: bytes, address: Address, body_length: int, *, extra: bytes = b""
+) -> bytes:
+    """The request's head; `extra` is whole header lines, each ending in CRLF."""
     return (
         b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-        b"User-Agent: shoal-router\r\nContent-Length: %d\r\n\r\n"
-        % (method, path, address.authority, body_length)
+        b"User-Agent: shoal-router\r\nContent-Length: %d\r\n%s\r\n"
+        % (method, path, address.authority, body_length, extra)
     )
