@@ -240,8 +240,16 @@ def test_a_replica_failing_requests_through_the_router_is_restarted_for_it(
         "failureThreshold": 3,
         "routerErrors": {"threshold": 0.25, "minRequests": 10},
     }
+    # Round-robin keeps sending the failing replica its share: the load-scoring
+    # policies add a replica's recent error rate to its load and starve it of
+    # routed requests (clients lose none, 5xx are retried elsewhere), which
+    # would leave only the canary to notice it.
     manifest = cluster_manifest(
-        "errors", replicas=2, engine=_engine_args("--sim-fault-api"), health=health
+        "errors",
+        replicas=2,
+        engine=_engine_args("--sim-fault-api"),
+        health=health,
+        router={"policy": "round-robin"},
     )
     apply(testbed, ns, manifest)
     wait_ready(testbed, ns, "errors", 2)

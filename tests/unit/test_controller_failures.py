@@ -157,3 +157,9 @@ def test_a_warning_event_is_posted_when_degraded_turns_true_and_not_again() -> N
     assert event.reason == "EngineCrashLooping" and "c-r0-0" in event.message
     again = build_status(inputs(fleet_with(crash_looping()), previous=broken))
     assert degraded_event(broken, again) is None
+
+
+def test_a_degraded_reason_the_decision_posts_itself_is_not_posted_twice() -> None:
+    healthy = build_status(inputs(fleet_with({**crash_looping(), "state": {"running": {}}})))
+    broken = build_status(inputs(fleet_with(crash_looping()), previous=healthy))
+    assert degraded_event(healthy, broken, told="EngineCrashLooping") is None

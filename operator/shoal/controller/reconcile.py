@@ -207,7 +207,8 @@ async def _reconcile(
             refused=tuple(refused),
         )
     )
-    if (event := degraded_event(previous, status)) is not None:
+    told = decision.degraded[0] if decision.degraded is not None else None
+    if (event := degraded_event(previous, status, told=told)) is not None:
         log.warning("%s: %s", event.reason, event.message)
         ctx.post_event(body, event)
     _report_refusals(ctx, body, state, tuple(refused))

@@ -355,17 +355,20 @@ def _list(indices: list[int]) -> str:
     return ", ".join(str(i) for i in indices)
 
 
-def degraded_event(previous: Mapping[str, Any], status: Mapping[str, Any]) -> Event | None:
+def degraded_event(
+    previous: Mapping[str, Any], status: Mapping[str, Any], *, told: str | None = None
+) -> Event | None:
     """A Warning Event when Degraded turns True or its reason changes, so
     `kubectl describe` tells the story (derived from the two statuses, so a
-    pass killed before its status write posts it again)."""
+    pass killed before its status write posts it again). `told`: the reason
+    whose Event the decision posts itself (decide's own Degraded), never twice."""
 
     def degraded(of: Mapping[str, Any]) -> Mapping[str, Any]:
         found = (c for c in of.get("conditions") or [] if c.get("type") == ConditionType.DEGRADED)
         return next(found, {})
 
     before, now = degraded(previous), degraded(status)
-    if now.get("status") != ConditionStatus.TRUE:
+    if now.get("status") != ConditionStatus.TRUE or now.get("reason") == told:
         return None
     if before.get("status") == ConditionStatus.TRUE and before.get("reason") == now.get("reason"):
         return None
