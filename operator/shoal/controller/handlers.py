@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
+import httpx
 import kopf
 
 from shoal.api import GROUP, PLURAL, VERSION
@@ -45,7 +45,7 @@ DEBOUNCE_SECONDS = 0.1
 RETRY_SECONDS = 5.0
 MAX_BACKOFF_SECONDS = 30.0
 
-_TRANSIENT = (ApiError, aiohttp.ClientError, TimeoutError, OSError)
+_TRANSIENT = (ApiError, httpx.HTTPError, TimeoutError, OSError)
 
 # Children kopf indexes (kind -> group, version, plural); engines' StatefulSets
 # and pods and the router's Deployment are listed by each pass instead.
