@@ -18,7 +18,10 @@ export GOCACHE="${GOCACHE_OVERRIDE:-$cache_root/go/build}"
 export GOFLAGS=-buildvcs=false
 export CGO_ENABLED=0
 
-key="$(cat "$here/versions.env" "$here/build.sh" | sha256sum | cut -c1-16)"
+# Keyed by the pins this script builds (not the whole versions.env, whose other
+# components have build scripts and caches of their own) and by the script.
+key="$( { echo "$KUBERNETES_VERSION $ETCD_VERSION $KWOK_VERSION $HELM_VERSION"; cat "$here/build.sh"; } \
+  | sha256sum | cut -c1-16)"
 out="$cache_root/testbed/$key"
 bin="$out/bin"
 link="$repo/.testbed/bin"
