@@ -151,12 +151,18 @@ def test_operator_metrics_count_events_by_reason_and_still_post_them() -> None:
     posted: list[Event] = []
     metrics = OperatorMetrics()
     post = metrics.counting(lambda _body, event: posted.append(event))
-    post({}, Event("Normal", "ReplicaRestarted", "hung"))
-    post({}, Event("Normal", "ReplicaRestarted", "hung again"))
-    post({}, Event("Warning", "WarmupTimedOut", "admitted"))
+    body = {"metadata": {"namespace": "team", "name": "c"}}
+    post(body, Event("Normal", "ReplicaRestarted", "hung"))
+    post(body, Event("Normal", "ReplicaRestarted", "hung again"))
+    post(body, Event("Warning", "WarmupTimedOut", "admitted"))
     text = generate_latest(metrics.registry).decode()
-    assert 'shoal_operator_events_total{reason="ReplicaRestarted",type="Normal"} 2.0' in text
-    assert 'shoal_operator_events_total{reason="WarmupTimedOut",type="Warning"} 1.0' in text
+    cluster = 'namespace="team",reason="{}",type="{}",vllmcluster="c"'
+    assert (
+        f"shoal_operator_events_total{{{cluster.format('ReplicaRestarted', 'Normal')}}} 2.0" in text
+    )
+    assert (
+        f"shoal_operator_events_total{{{cluster.format('WarmupTimedOut', 'Warning')}}} 1.0" in text
+    )
     assert [e.reason for e in posted] == ["ReplicaRestarted", "ReplicaRestarted", "WarmupTimedOut"]
 
 

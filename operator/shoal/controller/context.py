@@ -101,6 +101,7 @@ class OperatorContext:
         """Stop the background work of a cluster no longer watched."""
         self.health.forget(ref)
         self.warmups.forget(ref)
+        self.metrics.forget((ref.namespace, ref.name))
 
     async def close(self) -> None:
         self.warmups.cancel_all()

@@ -62,6 +62,9 @@ WATCHED_KINDS = (
     ("v1", "pods"),
     ("apps", "v1", "statefulsets"),
     ("apps", "v1", "deployments"),
+    # The model cache's download Job and claim (a completed Job starts the engines).
+    ("batch", "v1", "jobs"),
+    ("v1", "persistentvolumeclaims"),
     *INDEXED_KINDS.values(),
 )
 
@@ -146,13 +149,12 @@ async def cluster_daemon(
     try:
         while not stopped:
             wake.clear()
-            started = time.monotonic()
+            started, ok = time.monotonic(), False
             try:
                 delay = await reconcile(ctx, body, state, live)
-                backoff, state.last_failure = 1.0, None
-                ctx.metrics.passes.labels("ok").inc()
+                backoff, state.last_failure, ok = 1.0, None, True
             except _TRANSIENT as error:
-                ctx.metrics.passes.labels("error").inc()
+                ok = False
                 log.warning("pass failed, retrying in %.0fs: %s", backoff, error)
                 if isinstance(error, ApiError) and str(error) != state.last_failure:
                     # Refused writes (say, an invalid passed-through field) are
@@ -161,7 +163,7 @@ async def cluster_daemon(
                 state.last_failure = str(error)
                 delay, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
             finally:
-                ctx.metrics.pass_seconds.observe(time.monotonic() - started)
+                ctx.metrics.pass_finished(key, ok=ok, seconds=time.monotonic() - started)
             try:
                 await asyncio.wait_for(wake.wait(), RESYNC_SECONDS if delay is None else delay)
                 await asyncio.sleep(DEBOUNCE_SECONDS)

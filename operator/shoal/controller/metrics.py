@@ -1,19 +1,60 @@
-"""The operator's own Prometheus metrics (`shoal_operator_*`): reconcile
-passes and their time, and every Event it posts by reason, which counts what
-an operator of the fleet wants to see over time: restarts
-(`ReplicaRestarted`), warm-ups (`Warmed`, `WarmupTimedOut`, `WarmupHeld`),
-lost nodes (`NodeLost`), refused specs (`InvalidSpec`)."""
+"""The operator's own Prometheus metrics (`shoal_operator_*`), each labelled
+with the VLLMCluster's `namespace` and `vllmcluster` (the chart's
+ServiceMonitor honours them, so they are not renamed to exported_namespace):
+
+- reconcile passes by result and their time;
+- every Event it posts by type and reason, which counts what an operator of
+  the fleet wants to see over time: restarts (`ReplicaRestarted`), warm-ups
+  (`Warmed`, `WarmupTimedOut`, `WarmupHeld`), lost nodes (`NodeLost`),
+  refused specs (`InvalidSpec`); the reasons alerts watch start at 0 for each
+  cluster, so the first one is an increase Prometheus can see;
+- per cluster, desired/ready/warm replicas and each condition's status and
+  reason, as the last status written says (kube-state-metrics' style: one
+  series per condition with value 1, for its current status and reason).
+
+A cluster no longer watched has its series removed (`forget`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from shoal.controller.decide import Event
+from shoal.controller.decide import Event, EventType
 
 PostEvent = Callable[[Any, Event], None]
+ClusterKey = tuple[str, str]  # (namespace, name)
+
+CLUSTER_LABELS = ("namespace", "vllmcluster")
+
+
+class ReplicaCount(StrEnum):
+    DESIRED = "desired"
+    READY = "ready"
+    WARM = "warm"
+
+
+# The status field each count reads (desired is the spec's, see observe_cluster).
+_STATUS_COUNTS = {ReplicaCount.READY: "readyReplicas", ReplicaCount.WARM: "warmReplicas"}
+# Reasons the chart's alerts compute increase() on: present at 0 from a
+# cluster's first pass, else the first Event makes a series that has no
+# earlier sample and increase() never sees it.
+ALERTED_REASONS = (
+    (EventType.WARNING, "ReplicaRestarted"),
+    (EventType.WARNING, "WarmupTimedOut"),
+)
+
+
+@dataclass
+class _Seen:
+    """The label sets a cluster's series were last given (to remove them)."""
+
+    conditions: dict[str, tuple[str, str]] = field(default_factory=dict)
+    events: set[tuple[str, str]] = field(default_factory=set)
+    results: set[str] = field(default_factory=set)
 
 
 class OperatorMetrics:
@@ -21,28 +62,91 @@ class OperatorMetrics:
         self.registry = CollectorRegistry()
         self.passes = Counter(
             "shoal_operator_reconcile_passes",
-            "Reconcile passes, by result (ok or error).",
-            ["result"],
+            "Reconcile passes of a VLLMCluster, by result (ok or error).",
+            [*CLUSTER_LABELS, "result"],
             registry=self.registry,
         )
         self.pass_seconds = Histogram(
             "shoal_operator_reconcile_seconds",
-            "Time of one reconcile pass.",
+            "Time of one reconcile pass of a VLLMCluster.",
+            CLUSTER_LABELS,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=self.registry,
         )
         self.events = Counter(
             "shoal_operator_events",
             "Events posted on VLLMClusters, by type and reason.",
-            ["type", "reason"],
+            [*CLUSTER_LABELS, "type", "reason"],
             registry=self.registry,
         )
+        self.replicas = Gauge(
+            "shoal_operator_cluster_replicas",
+            "Replicas of a VLLMCluster: desired (spec.replicas), ready (engine up) "
+            "and warm (serving, warm-up passed), as its status says.",
+            [*CLUSTER_LABELS, "state"],
+            registry=self.registry,
+        )
+        self.conditions = Gauge(
+            "shoal_operator_cluster_condition",
+            "A VLLMCluster's condition: 1 for its current status and reason.",
+            [*CLUSTER_LABELS, "condition", "status", "reason"],
+            registry=self.registry,
+        )
+        self._seen: dict[ClusterKey, _Seen] = {}
 
     def counting(self, post: PostEvent) -> PostEvent:
         """post_event that also counts the Event."""
 
         def post_and_count(body: Any, event: Event) -> None:
-            self.events.labels(event.type, event.reason).inc()
+            meta = body.get("metadata") or {}
+            key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+            self._count_event(key, str(event.type), event.reason)
             post(body, event)
 
         return post_and_count
+
+    def _count_event(self, key: ClusterKey, kind: str, reason: str, by: float = 1) -> None:
+        self._seen.setdefault(key, _Seen()).events.add((kind, reason))
+        self.events.labels(*key, kind, reason).inc(by)
+
+    def pass_finished(self, key: ClusterKey, *, ok: bool, seconds: float) -> None:
+        result = "ok" if ok else "error"
+        self._seen.setdefault(key, _Seen()).results.add(result)
+        self.passes.labels(*key, result).inc()
+        self.pass_seconds.labels(*key).observe(seconds)
+
+    def observe_cluster(self, key: ClusterKey, *, desired: int, status: Mapping[str, Any]) -> None:
+        """The replica counts and conditions of the status just built."""
+        seen = self._seen.setdefault(key, _Seen())
+        for event_type, reason in ALERTED_REASONS:
+            if (str(event_type), reason) not in seen.events:
+                self._count_event(key, str(event_type), reason, by=0)
+        self.replicas.labels(*key, ReplicaCount.DESIRED).set(desired)
+        for count, name in _STATUS_COUNTS.items():
+            self.replicas.labels(*key, count).set(int(status.get(name) or 0))
+        for condition in status.get("conditions") or []:
+            kind = str(condition.get("type", ""))
+            current = (str(condition.get("status", "")), str(condition.get("reason", "")))
+            previous = seen.conditions.get(kind)
+            if previous is not None and previous != current:
+                self.conditions.remove(*key, kind, *previous)
+            self.conditions.labels(*key, kind, *current).set(1)
+            seen.conditions[kind] = current
+
+    def forget(self, key: ClusterKey) -> None:
+        """Remove a deleted (or no longer watched) cluster's series."""
+        seen = self._seen.pop(key, None)
+        if seen is None:
+            return
+        for result in seen.results:
+            self.passes.remove(*key, result)
+        self.pass_seconds.remove(*key)  # remove() ignores label sets never made
+        for kind, reason in seen.events:
+            self.events.remove(*key, kind, reason)
+        for count in ReplicaCount:
+            self.replicas.remove(*key, count)
+        for kind, current in seen.conditions.items():
+            self.conditions.remove(*key, kind, *current)
+
+
+__all__ = ["ALERTED_REASONS", "OperatorMetrics", "ReplicaCount"]

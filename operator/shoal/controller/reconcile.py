@@ -213,6 +213,8 @@ async def _reconcile(
         ctx.post_event(body, event)
     _report_refusals(ctx, body, state, tuple(refused))
     await _write_status(ctx, ref, state, previous, status)
+    desired = spec.replicas if spec is not None else int(status.get("replicas") or 0)
+    ctx.metrics.observe_cluster((ref.namespace, ref.name), desired=desired, status=status)
     requeue = decision.requeue_seconds
     if refused:
         # Refused writes are the user's to fix; look again, less and less often.
