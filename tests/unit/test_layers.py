@@ -25,6 +25,7 @@ PACKAGE = Path(shoal.__file__).parent
 CLIENTS = ("kopf", "aiohttp", "httpx", "kr8s", "kubernetes")
 
 PURE_CONTROLLER = (
+    "autoscale",
     "decide",
     "desired",
     "engine",

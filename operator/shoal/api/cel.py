@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from shoal.api.spec import MAX_REPLICAS
 from shoal.api.validation import MANAGED_FLAGS, MAX_NAME_LENGTH, NAME_PATTERN
 from shoal.planner.presets import PRESETS
 
@@ -284,6 +285,26 @@ RULES: tuple[CelRule, ...] = (
         location="warmup.prompts[]",
         expression="has(self.text) != has(self.messages)",
         message="each spec.warmup.prompts entry needs exactly one of text or messages",
+    ),
+    CelRule(
+        rule="autoscaling-bounds",
+        location="autoscaling",
+        expression=f"self.minReplicas <= self.maxReplicas && self.maxReplicas <= {MAX_REPLICAS}",
+        message=f"spec.autoscaling: minReplicas <= maxReplicas <= {MAX_REPLICAS} must hold",
+        message_expression=_format(
+            f"spec.autoscaling: minReplicas (%d) <= maxReplicas (%d) <= {MAX_REPLICAS} must hold",
+            "self.minReplicas",
+            "self.maxReplicas",
+        ),
+    ),
+    CelRule(
+        rule="autoscaling-zero-wait",
+        location="",
+        expression="!has(self.autoscaling) || self.autoscaling.minReplicas > 0 || "
+        "self.router.queue.zeroReplicaWaitSeconds > 0",
+        message="spec.autoscaling.minReplicas 0 needs spec.router.queue.zeroReplicaWaitSeconds "
+        "above 0 (e.g. 120), so routers hold requests while a replica starts",
+        field_path=".router.queue.zeroReplicaWaitSeconds",
     ),
     CelRule(
         rule="restart-backoff",

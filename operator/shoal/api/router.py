@@ -205,7 +205,16 @@ class RouterQueue(ApiModel):
         default=30, ge=1, le=3600, description="Longest a request waits for a replica."
     )
     retry_after_seconds: int = Field(
-        default=1, ge=1, le=3600, description="The Retry-After header sent with a 429."
+        default=1, ge=1, le=3600, description="The Retry-After header sent with a 429 or 503."
+    )
+    zero_replica_wait_seconds: int = Field(
+        default=0,
+        ge=0,
+        le=3600,
+        description="With no replica at all (scaled to zero), how long a request is held, "
+        "in arrival order, for one to start and warm; past it the answer is 503 with "
+        "Retry-After. The routers stay Ready meanwhile, and count held requests in "
+        "shoal_router_queue_depth, which the autoscaler reads. 0: answer 503 at once.",
     )
 
 

@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from shoal.api.autoscaling import AutoscalingSpec
 from shoal.api.pods import (
     PASS_THROUGH,
     KubeObject,
@@ -569,3 +570,8 @@ class VLLMClusterSpec(ApiModel):
     warmup: WarmupSpec = Field(default_factory=WarmupSpec)
     health: HealthSpec = Field(default_factory=HealthSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    autoscaling: AutoscalingSpec | None = Field(
+        default=None,
+        description="Scale replicas with the routers' demand. Default: off (replicas is "
+        "what the user or an HPA sets).",
+    )

@@ -9,6 +9,7 @@ from enum import StrEnum
 
 from pydantic import Field
 
+from shoal.api.autoscaling import AutoscalingStatus
 from shoal.planner.result import CapacityPlan
 from shoal.schema.model import ApiModel
 
@@ -189,4 +190,7 @@ class VLLMClusterStatus(ApiModel):
             "x-kubernetes-list-map-keys": ["index"],
         },
         description="One entry per replica.",
+    )
+    autoscaling: AutoscalingStatus | None = Field(
+        default=None, description="The built-in autoscaler (spec.autoscaling), when on."
     )

@@ -257,6 +257,33 @@ def _health(spec: VLLMClusterSpec) -> list[SpecError]:
     ]
 
 
+def _autoscaling(spec: VLLMClusterSpec) -> list[SpecError]:
+    scaling = spec.autoscaling
+    if scaling is None:
+        return []
+    errors: list[SpecError] = []
+    if not scaling.min_replicas <= scaling.max_replicas <= MAX_REPLICAS:
+        errors.append(
+            SpecError(
+                "spec.autoscaling",
+                f"minReplicas ({scaling.min_replicas}) <= maxReplicas "
+                f"({scaling.max_replicas}) <= {MAX_REPLICAS} must hold",
+                "autoscaling-bounds",
+            )
+        )
+    if scaling.min_replicas == 0 and spec.router.queue.zero_replica_wait_seconds == 0:
+        errors.append(
+            SpecError(
+                "spec.router.queue.zeroReplicaWaitSeconds",
+                "minReplicas 0 needs the routers to hold requests while a replica starts: "
+                "set zeroReplicaWaitSeconds (e.g. 120, above an engine's start and warm-up "
+                "time), or raise spec.autoscaling.minReplicas",
+                "autoscaling-zero-wait",
+            )
+        )
+    return errors
+
+
 def _planner_errors(spec: VLLMClusterSpec) -> list[SpecError]:
     """The planner's refusals; without an architecture, the layout rules needing none."""
     capacity = plan_spec(spec)
@@ -270,4 +297,4 @@ def _planner_errors(spec: VLLMClusterSpec) -> list[SpecError]:
     ]
 
 
-_CHECKS = (_source, _architecture, _engine, _router, _warmup, _health)
+_CHECKS = (_source, _architecture, _engine, _router, _warmup, _health, _autoscaling)

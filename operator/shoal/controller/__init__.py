@@ -9,7 +9,8 @@ Pure (no I/O, and no kopf, aiohttp, httpx or kr8s loaded by importing them):
 builders `engine`, `router`, `services`, `desired` (with `identity`, `names`,
 `placement` and `pods`); decisions `observe` (listed objects -> facts), `decide`
 (facts -> actions) and `status` (facts and actions -> status), with
-`restarts` and `failures` (containers' states -> why, and what to do).
+`restarts` and `failures` (containers' states -> why, and what to do), and
+`autoscale` (the routers' demand -> replicas).
 
 I/O: `kube` (the API server), `probes`, `healthloop` and `warming` (the
 engines), `reconcile` (one pass: read, decide, act), `handlers` (kopf),

@@ -195,6 +195,7 @@ class KubeApi:
         *,
         subresource: str | None = None,
         patch_type: str = "merge",
+        field_manager: str = FIELD_MANAGER,
     ) -> Manifest:
         patched: Manifest = await self._object(
             "PATCH",
@@ -203,7 +204,7 @@ class KubeApi:
             namespace=namespace,
             name=name,
             subresource=subresource,
-            params={"fieldManager": FIELD_MANAGER},
+            params={"fieldManager": field_manager},
             body=body,
             content_type=f"application/{patch_type}-patch+json",
         )

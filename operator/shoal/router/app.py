@@ -144,6 +144,10 @@ class Router:
         if self.draining:
             return error_response(503, "Router is draining.")
         routable = len(self.fleet.routable())
+        if routable == 0 and self.config.queue.zero_replica_wait_seconds:
+            # Scaled to zero: requests are held here while a replica starts,
+            # so the router must stay in its Service to take them.
+            return web.json_response({"status": "ready", "routable": 0})
         if routable == 0:
             return error_response(503, "No replica is ready.")
         if self.scraper.scrapes == 0:

@@ -12,6 +12,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 # Names other parts read (the operator's health loop, the demo's live view).
 REQUESTS = "shoal_router_requests"
 LOAD_SCORE = "shoal_router_load_score"
+# The autoscaler's demand (docs/autoscaling.md: stable names for KEDA and HPA users).
+INFLIGHT = "shoal_router_inflight_requests"
+QUEUE_DEPTH = "shoal_router_queue_depth"
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _DECISION = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3)
@@ -73,7 +76,17 @@ class RouterMetrics:
             registry=r,
         )
         self.queue_depth = Gauge(
-            "shoal_router_queue_depth", "Requests waiting for a replica.", registry=r
+            QUEUE_DEPTH,
+            "Requests waiting for a replica: every replica saturated, or none at all "
+            "(held while the fleet scales from zero).",
+            registry=r,
+        )
+        self.zero_wait = Histogram(
+            "shoal_router_zero_replica_wait_seconds",
+            "How long requests held while no replica was routable (scaled to zero) waited, "
+            "released or refused.",
+            buckets=_LATENCY,
+            registry=r,
         )
         self.rejected = Counter(
             "shoal_router_rejected",
@@ -92,7 +105,7 @@ class RouterMetrics:
             registry=r,
         )
         self.inflight = Gauge(
-            "shoal_router_inflight_requests",
+            INFLIGHT,
             "Requests in flight, by replica.",
             ["replica"],
             registry=r,

@@ -25,6 +25,7 @@ from shoal.router.breaker import Outcome
 from shoal.router.config import RouterConfig
 from shoal.router.errors import error_response, internal_error, sse_error
 from shoal.router.fleet import Fleet, Replica
+from shoal.router.hold import HeldRequests
 from shoal.router.hot import HotPrefixes
 from shoal.router.metrics import RouterMetrics
 from shoal.router.policy import Choice, Chooser, RequestFacts
@@ -104,6 +105,7 @@ class Proxy:
         self.capacity_changed = asyncio.Condition()
         self.waiting = 0
         self.inflight = 0
+        self.held = HeldRequests()  # while no replica is routable (scaled to zero)
         # Completions go through this pool, one for the life of the process,
         # with no cap per engine (the engines queue themselves, and the router
         # bounds admission).
@@ -127,6 +129,8 @@ class Proxy:
             await self.session.close()
 
     async def notify_capacity(self) -> None:
+        if self.held and self.fleet.routable():
+            self.held.release()
         async with self.capacity_changed:
             self.capacity_changed.notify_all()
 
@@ -247,6 +251,10 @@ class Proxy:
         held_outcome = Outcome.NONE
         attempts = self.config.retries + 1
         last_failure = "no replica available"
+        if self.config.queue.zero_replica_wait_seconds and not self.fleet.routable():
+            turned_away = await self._hold_at_zero()
+            if turned_away is not None:
+                return turned_away
         try:
             for attempt in range(attempts):
                 t0 = time.perf_counter()
@@ -313,6 +321,36 @@ class Proxy:
             return error_response(503, "No replica is ready to serve requests.")
         return error_response(
             503, f"No replica could take the request ({last_failure}); try again."
+        )
+
+    async def _hold_at_zero(self) -> web.Response | None:
+        """No replica to route to: hold the request, in arrival order, until one
+        is routable (None) or queue.zeroReplicaWaitSeconds passed (a 503)."""
+        queue = self.config.queue
+        if self.waiting >= queue.max_queued:
+            self.metrics.rejected.labels("queue_full").inc()
+            return error_response(
+                429,
+                "No replica is running and the queue is full; retry later.",
+                headers={"Retry-After": str(queue.retry_after_seconds)},
+            )
+        started = time.monotonic()
+        self.waiting += 1
+        self.metrics.queue_depth.set(self.waiting)
+        try:
+            released = await self.held.wait(queue.zero_replica_wait_seconds)
+        finally:
+            self.waiting -= 1
+            self.metrics.queue_depth.set(self.waiting)
+        self.metrics.zero_wait.observe(time.monotonic() - started)
+        if released:
+            return None
+        self.metrics.rejected.labels("zero_replicas").inc()
+        self.metrics.requests.labels("none", "503").inc()
+        return error_response(
+            503,
+            f"No replica started within {queue.zero_replica_wait_seconds} seconds; retry later.",
+            headers={"Retry-After": str(queue.retry_after_seconds)},
         )
 
     async def _wait_for_capacity(

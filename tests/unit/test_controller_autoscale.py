@@ -1,0 +1,191 @@
+"""The autoscaler's decision on plain data: replicas follow the demand within
+the bounds and the windows, a load near a threshold does not flap, replicas
+on the way count as capacity, and only idleness takes the fleet to its
+minimum (zero included)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from shoal.controller.autoscale import (
+    Demand,
+    RouterDemand,
+    ScaleDecision,
+    ScaleMemory,
+    ScalePolicy,
+    ScaleReason,
+    decide_scale,
+    parse_router_demand,
+    total_demand,
+)
+
+POLICY = ScalePolicy(
+    min_replicas=0,
+    max_replicas=8,
+    target=10,
+    tolerance=0.1,
+    up_window_seconds=0,
+    down_window_seconds=60,
+    idle_seconds=120,
+)
+
+
+def run(
+    loads: list[float | None],
+    *,
+    policy: ScalePolicy = POLICY,
+    current: int = 1,
+    start: float = 1000.0,
+    step: float = 5.0,
+) -> list[ScaleDecision]:
+    """The decisions of successive rounds, each applying the one before."""
+    memory = ScaleMemory(last_active=start)
+    decisions = []
+    for i, load in enumerate(loads):
+        arrived = load is not None and load > 0
+        decision = decide_scale(
+            policy,
+            demand=Demand(requests=load, arrived=arrived),
+            current=current,
+            memory=memory,
+            now=start + i * step,
+        )
+        decisions.append(decision)
+        current, memory = decision.desired, decision.memory
+    return decisions
+
+
+def counts(decisions: list[ScaleDecision]) -> list[int]:
+    return [d.desired for d in decisions]
+
+
+def test_demand_above_the_target_scales_up_at_once_to_what_it_needs() -> None:
+    decision = run([45])[0]
+    assert (decision.desired, decision.reason) == (5, ScaleReason.SCALED_UP)
+    assert "demand 45" in decision.message
+
+
+def test_replicas_never_go_beyond_max_replicas() -> None:
+    assert counts(run([500, 500])) == [8, 8]
+
+
+def test_a_scale_down_waits_for_the_down_window() -> None:
+    # 60 s window, a round every 5 s: the fleet stays at 5 for the window, then goes.
+    decisions = run([50] + [20] * 14)
+    assert counts(decisions)[:12] == [5] * 12
+    assert decisions[1].reason is ScaleReason.STABILIZING
+    assert counts(decisions)[13] == 2
+    assert decisions[13].reason is ScaleReason.SCALED_DOWN
+
+
+def test_a_short_spike_does_not_scale_up_within_the_up_window() -> None:
+    policy = dataclasses.replace(POLICY, up_window_seconds=30)
+    decisions = run([10, 50, 10, 10], policy=policy)
+    assert counts(decisions) == [1, 1, 1, 1]
+    sustained = run([10] + [50] * 8, policy=policy)
+    assert counts(sustained)[-1] == 5  # held for the window, then up
+
+
+def test_a_steady_load_near_a_threshold_does_not_flap() -> None:
+    # 4 replicas at a target of 10: 38 to 42 is within the 10% tolerance.
+    noisy = [38, 42, 39.5, 41, 40.5, 38.5, 42, 39] * 5
+    decisions = run(noisy, current=4)
+    assert set(counts(decisions)) == {4}
+    assert ScaleReason.WITHIN_TOLERANCE in {d.reason for d in decisions}
+
+
+def test_replicas_starting_or_warming_count_as_capacity_on_the_way() -> None:
+    # spec.replicas is 4 while 3 of them warm: a queue of 40 asks for no more.
+    decision = run([40], current=4)[0]
+    assert decision.desired == 4
+
+
+def test_any_demand_keeps_one_replica_until_idle_then_the_fleet_goes_to_zero() -> None:
+    # Demand ends at once; 120 s idle at 5 s a round: 24 rounds of one replica.
+    decisions = run([5] + [0] * 30, current=1)
+    assert counts(decisions)[:24] == [1] * 24
+    assert counts(decisions)[24] == 0
+    assert decisions[24].reason is ScaleReason.IDLE
+    assert counts(decisions)[-1] == 0
+
+
+def test_idle_goes_to_min_replicas_not_below() -> None:
+    policy = dataclasses.replace(POLICY, min_replicas=2)
+    assert counts(run([60] + [0] * 40, policy=policy))[-1] == 2
+
+
+def test_requests_counted_between_rounds_keep_the_fleet_from_idling() -> None:
+    # Short requests that finish between scrapes show demand 0 but are counted.
+    memory = ScaleMemory(last_active=0.0)
+    current = 1
+    for now in range(0, 600, 5):
+        decision = decide_scale(
+            POLICY,
+            demand=Demand(requests=0, arrived=True),
+            current=current,
+            memory=memory,
+            now=float(now),
+        )
+        current, memory = decision.desired, decision.memory
+    assert current == 1
+
+
+def test_a_request_at_zero_starts_one_replica_at_once() -> None:
+    decision = run([1], current=0)[0]
+    assert (decision.desired, decision.reason) == (1, ScaleReason.SCALED_UP)
+
+
+def test_no_router_answering_changes_nothing() -> None:
+    decisions = run([None] * 40, current=3)
+    assert counts(decisions) == [3] * 40
+    assert decisions[0].reason is ScaleReason.NO_SIGNAL
+
+
+def test_replicas_set_outside_the_bounds_are_brought_back() -> None:
+    policy = dataclasses.replace(POLICY, min_replicas=2, max_replicas=4)
+    above = run([60], policy=policy, current=7)[0]
+    assert (above.desired, above.reason) == (4, ScaleReason.OUT_OF_BOUNDS)
+    below = run([None], policy=policy, current=0)[0]
+    assert (below.desired, below.reason) == (2, ScaleReason.OUT_OF_BOUNDS)
+
+
+def test_a_ramp_up_and_down_is_followed_within_bounds_and_windows() -> None:
+    ramp = [5, 15, 30, 50, 80, 120, 80, 50, 30, 15, 5] + [5] * 20
+    decisions = run(ramp)
+    seen = counts(decisions)
+    assert max(seen) == 8  # 120 asks for 12, max is 8
+    assert seen[:6] == [1, 2, 3, 5, 8, 8]
+    # Down only after the 60 s window past the peak (round 5).
+    assert all(n == 8 for n in seen[5:17])
+    assert seen[-1] == 1
+
+
+ROUTER_METRICS = """\
+# HELP shoal_router_inflight_requests Requests in flight, by replica.
+# TYPE shoal_router_inflight_requests gauge
+shoal_router_inflight_requests{replica="c-r0-0"} 3.0
+shoal_router_inflight_requests{replica="c-r1-0"} 4.0
+# HELP shoal_router_queue_depth Requests waiting for a replica.
+# TYPE shoal_router_queue_depth gauge
+shoal_router_queue_depth 2.0
+# HELP shoal_router_requests Attempts answered.
+# TYPE shoal_router_requests counter
+shoal_router_requests_total{code="200",replica="c-r0-0"} 10.0
+shoal_router_requests_total{code="503",replica="none"} 1.0
+shoal_router_requests_created{code="200",replica="c-r0-0"} 1.7e9
+"""
+
+
+def test_demand_is_in_flight_plus_queued_summed_over_the_routers() -> None:
+    one = parse_router_demand(ROUTER_METRICS)
+    assert one == RouterDemand(in_flight=7, queued=2, answered=11)
+    demand, counts_now = total_demand({"a": one, "b": one, "c": None}, {})
+    assert demand == Demand(requests=18, arrived=False)  # first sight: a baseline only
+    moved = RouterDemand(in_flight=0, queued=0, answered=12)
+    demand, _ = total_demand({"a": moved, "b": one}, counts_now)
+    assert demand == Demand(requests=9, arrived=True)
+
+
+def test_no_router_answering_is_no_signal() -> None:
+    demand, _ = total_demand({"a": None}, {"a": 3.0})
+    assert demand.requests is None
