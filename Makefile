@@ -17,6 +17,7 @@ E2E_TEST_TIMEOUT ?= 300
 TEST_VLLM_BUDGET ?= 2400
 TEST_VLLM_TEST_TIMEOUT ?= 600
 
+.PHONY: peers-venv bench-peers
 .PHONY: install lint unit integration test test-vllm testbed testbed-up testbed-down e2e demo clean crds bench-router bench prometheus rules
 
 install: $(VENV)/.installed
@@ -39,7 +40,12 @@ crds: install
 unit: install
 	timeout $(UNIT_BUDGET) $(BIN)/pytest tests/unit -o timeout=$(UNIT_TEST_TIMEOUT)
 
-integration: install
+# The peer routers (vllm-router, smg) that the benchmarks run beside shoal,
+# pinned, in their own venv: ~/.cache/shoal/peers-venv/<hash of the pins>.
+peers-venv: install
+	$(BIN)/python -m shoal.bench.peers
+
+integration: install peers-venv
 	timeout $(INTEGRATION_BUDGET) $(BIN)/pytest tests/integration -o timeout=$(INTEGRATION_TEST_TIMEOUT)
 
 # Build the control plane from Go modules (cached in ~/.cache/shoal, keyed by the pins).
@@ -76,8 +82,10 @@ test: lint unit integration rules e2e test-vllm
 
 # Router benchmarks (issue 5): decision time and index memory in process, then
 # throughput (wrk) and added streaming latency over loopback (16-token streams,
-# which stress the per-request path, then 128-token ones). Needs wrk.
-bench-router: install
+# which stress the per-request path, then 128-token ones), with vllm-router
+# and smg in the same throughput rounds, each pinned to the router's core.
+# Needs wrk.
+bench-router: install peers-venv
 	command -v wrk >/dev/null || (apt-get install -y wrk >/dev/null 2>&1 || sudo apt-get install -y wrk)
 	$(BIN)/python -m shoal.bench.router_decision
 	$(BIN)/python -m shoal.bench.router_http --floor
@@ -115,6 +123,15 @@ demo: testbed install
 BENCH_WORKLOAD ?= shared-prefix
 BENCH_POLICIES ?= round-robin,least-request,prefix,cache-aware
 BENCH_ARGS ?=
+# Shoal beside the peer routers (issue 25): vllm-router and smg (cache_aware,
+# power_of_two) on the same fresh fleets, a sweep from light load to overload
+# with KV pressure, each point repeated over 3 seeds (medians, P99 spread),
+# then shoal and the peers with 2 router replicas. About 2 hours on a quiet
+# machine; docs/benchmarks.md has the numbers and the narrative.
+PEERS_ARGS ?=
+bench-peers: install peers-venv
+	bash hack/bench_peers.sh $(PEERS_ARGS)
+
 bench: install
 	mkdir -p bench-results
 	$(BIN)/shoal bench compare --workload $(BENCH_WORKLOAD) --replicas 4 \

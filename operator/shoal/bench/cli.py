@@ -19,8 +19,9 @@ from shoal.bench.compare import ComparePlan, run_compare
 from shoal.bench.driver import ClosedLoop, OpenLoop, Pacing, Replay
 from shoal.bench.local import FleetSpec
 from shoal.bench.measure import first_model, measure
+from shoal.bench.peers import PEERS, expand_peers
 from shoal.bench.plot import plot_results, plot_run
-from shoal.bench.report import knees_table, replicas_table, results_table
+from shoal.bench.report import knees_table, peers_line, replicas_table, results_table
 from shoal.bench.trace import TraceError, load_trace
 from shoal.bench.workloads import GENERATORS, Workload, synthetic
 from shoal.sim.profiles import DEFAULT_PROFILE, PROFILES
@@ -132,7 +133,29 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     compare.add_argument("--replicas", type=int, default=4)
     compare.add_argument(
-        "--policies", default=DEFAULT_POLICIES, help=f"comma separated (default {DEFAULT_POLICIES})"
+        "--policies",
+        default=DEFAULT_POLICIES,
+        help=f"shoal's, comma separated (default {DEFAULT_POLICIES}; '' for none)",
+    )
+    compare.add_argument(
+        "--peers",
+        default="",
+        help=f"peer routers run beside shoal's policies, comma separated: {', '.join(PEERS)} "
+        "(each one's cache_aware and power_of_two) or "
+        "PEER:POLICY (say smg:prefix_hash). Installed at their pinned versions into a "
+        "cached venv of their own (~/.cache/shoal/peers-venv/) on first use",
+    )
+    compare.add_argument(
+        "--router-replicas",
+        type=int,
+        default=1,
+        help="routers of each kind, requests split among them at random (a Service "
+        "without session affinity in front of several router pods)",
+    )
+    compare.add_argument(
+        "--seeds",
+        help="comma separated seeds: every run repeated per seed (workload, arrivals and "
+        "simulators), tables showing the median and the spread of P99 TTFT (default: --seed)",
     )
     compare.add_argument(
         "--rate", type=float, help="requests per engine second (default per workload)"
@@ -169,7 +192,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     compare.set_defaults(func=run_compare_command)
 
 
-def build_workload(args: argparse.Namespace, *, rate: float | None) -> Workload:
+def build_workload(
+    args: argparse.Namespace, *, rate: float | None, seed: int | None = None
+) -> Workload:
     if args.workload == "trace":
         if args.trace is None:
             raise SystemExit("shoal bench: --workload trace needs --trace FILE")
@@ -191,7 +216,8 @@ def build_workload(args: argparse.Namespace, *, rate: float | None) -> Workload:
             params["send_user"] = False
     if args.workload == "long-tail" and args.long_fraction is not None:
         params["long_fraction"] = args.long_fraction
-    return synthetic(args.workload, count=count, seed=args.seed, **params)
+    seed = args.seed if seed is None else seed
+    return synthetic(args.workload, count=count, seed=seed, **params)
 
 
 def _progress(console: Console) -> Progress:
@@ -294,15 +320,21 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0 if result["completed"] else 1
 
 
-def _policies(text: str) -> tuple[str, ...]:
-    names = tuple(p.strip() for p in text.split(",") if p.strip())
+def _policies(args: argparse.Namespace) -> tuple[str, ...]:
+    names = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     known = {p.value for p in RouterPolicy}
     unknown = [p for p in names if p not in known]
-    if unknown or not names:
+    if unknown:
         raise SystemExit(
             f"shoal bench compare: unknown policies {unknown}; choose from {sorted(known)}"
         )
-    return names
+    try:
+        peers = expand_peers(args.peers)
+    except ValueError as error:
+        raise SystemExit(f"shoal bench compare: --peers: {error}") from error
+    if not names + peers:
+        raise SystemExit("shoal bench compare: no policy to run (--policies, --peers)")
+    return names + peers
 
 
 def run_compare_command(args: argparse.Namespace) -> int:
@@ -318,27 +350,35 @@ def run_compare_command(args: argparse.Namespace) -> int:
     if args.router_config is not None:
         router = json.loads(args.router_config.read_text())
         router.pop("policy", None)
+    seeds = (
+        tuple(int(s) for s in args.seeds.split(",") if s.strip()) if args.seeds else (args.seed,)
+    )
+    if args.router_replicas < 1:
+        raise SystemExit("shoal bench compare: --router-replicas must be at least 1")
     plan = ComparePlan(
         spec=FleetSpec(
             replicas=args.replicas,
             profile=args.profile,
             time_scale=args.sim_time_scale,
-            seed=args.seed,
+            seed=seeds[0],
             kv_blocks=args.kv_blocks,
         ),
-        policies=_policies(args.policies),
+        policies=_policies(args),
         rates=rates,
-        workload_for=lambda rate: build_workload(args, rate=rate),
+        workload_for=lambda rate, seed: build_workload(args, rate=rate, seed=seed),
+        seeds=seeds,
         burstiness=args.burstiness,
         router=router,
+        router_replicas=args.router_replicas,
         request_timeout=args.request_timeout,
     )
     console, stdout = consoles()
     with _progress(console) as progress:
         current: list[Any] = []
 
-        def started(policy: str, rate: float, count: int) -> None:
-            current[:] = [progress.add_task(f"{policy} @ {rate:g}/s", total=count, failed=0), 0]
+        def started(policy: str, rate: float, seed: int, count: int) -> None:
+            described = f"{policy} @ {rate:g}/s" + (f" seed {seed}" if len(seeds) > 1 else "")
+            current[:] = [progress.add_task(described, total=count, failed=0), 0]
 
         def seen(outcome: Any) -> None:
             current[1] += 0 if outcome.ok else 1
@@ -346,16 +386,25 @@ def run_compare_command(args: argparse.Namespace) -> int:
 
         report = run_compare(plan, workdir=args.workdir, on_start=started, on_outcome=seen)
     title = f"shoal bench compare: {args.workload}, {args.replicas} x {args.profile}"
+    if args.kv_blocks is not None:
+        title += f" ({args.kv_blocks} KV blocks)"
     if len(rates) == 1:
         title += f", {rates[0]:g} req/s"
+    if args.router_replicas > 1:
+        title += f", {args.router_replicas} routers each (random split)"
+    if len(seeds) > 1:
+        title += f", median of {len(seeds)} seeds"
     if args.sim_time_scale != 1:
         title += f" (engine time; simulators at {args.sim_time_scale:g}x real time)"
     ideal = report["workload"].get("ideal_prefix_hit_rate")
     caption = (
         f"prefix hits of one infinitely large replica: {ideal:.1%}" if ideal is not None else None
     )
+    rows = report.get("summary") or report["results"]
     if args.output == "table":
-        stdout.print(results_table(report["results"], title=title, caption=caption))
+        stdout.print(results_table(rows, title=title, caption=caption))
+        if report["peers"]:
+            stdout.print(peers_line(rows))
         if "knees" in report:
             stdout.print(knees_table(report["knees"]))
         if report.get("operating_point"):
@@ -364,6 +413,6 @@ def run_compare_command(args: argparse.Namespace) -> int:
                 f"round-robin's P99 TTFT first exceeds 2x its P50 at {point['rate']:g} req/s"
             )
     if not args.no_plot:
-        plot_results(report["results"], args.plot, title=title)
+        plot_results(rows, args.plot, title=title)
     _finish(args, report, console)
     return 0 if all(r["completed"] for r in report["results"]) else 1

@@ -1,19 +1,25 @@
 """`shoal bench compare`: the same seeded workload through each routing policy,
 each time on a fresh fleet (cold caches, same profile and seed), at one rate
-or over a sweep of rates.
+or over a sweep of rates, for one seed or several. A policy is one of shoal's
+(`cache-aware`) or a peer router's (`smg:cache_aware`, see `peers.py`); every
+one gets the same fleet, workload and arrival times, and `router_replicas`
+routers of its kind behind a random split.
 
-Runs go rate by rate with the policies in turn inside each rate, so a change
-in the machine's background load spreads over all policies rather than
-landing on one. Pure helpers here find each policy's knee and the targets'
-operating point from the results; the runs themselves are in `run_compare`.
+Runs go rate by rate, seed by seed, with the policies in turn inside each, so
+a change in the machine's background load spreads over all policies rather
+than landing on one. Pure helpers here take medians over seeds, find each
+policy's knee and the targets' operating point from the results; the runs
+themselves are in `run_compare`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import importlib
 import math
+import statistics
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -26,6 +32,7 @@ from shoal.bench.driver import OpenLoop, Outcome
 from shoal.bench.ideal import ideal_hit_rate
 from shoal.bench.local import FleetSpec, LocalFleet
 from shoal.bench.measure import measure
+from shoal.bench.peers import PEERS, is_peer, parse_peer_policy
 from shoal.bench.workloads import Workload
 from shoal.sim.profiles import PROFILES
 
@@ -37,19 +44,21 @@ KNEE_FACTOR = 2.0
 @dataclass(frozen=True, kw_only=True)
 class ComparePlan:
     spec: FleetSpec
-    policies: tuple[str, ...]
+    policies: tuple[str, ...]  # shoal's, and peers' as "PEER:POLICY"
     rates: tuple[float, ...]
-    # The workload for a rate (its request count may depend on the rate).
-    workload_for: Callable[[float], Workload]
+    # The workload for a rate and seed (its request count may depend on the rate).
+    workload_for: Callable[[float, int], Workload]
+    seeds: tuple[int, ...] = (0,)
     burstiness: float = 1.0
     # More spec.router fields (camelCase, as in a VLLMCluster) than the defaults.
     router: dict[str, Any] = field(default_factory=dict)
+    router_replicas: int = 1
     request_timeout: float = 300.0
 
 
-# Called with (policy, rate, number of requests) when a run starts, and with
-# each request's outcome as it ends.
-RunStarted = Callable[[str, float, int], None]
+# Called with (policy, rate, seed, number of requests) when a run starts, and
+# with each request's outcome as it ends.
+RunStarted = Callable[[str, float, int, int], None]
 OutcomeSeen = Callable[[Outcome], None]
 
 
@@ -69,6 +78,14 @@ def profile_report(spec: FleetSpec) -> dict[str, Any]:
     return {**profile, "fleet": spec.describe()}
 
 
+def router_of(policy: str) -> dict[str, str]:
+    """Which router runs a policy, at which version."""
+    if is_peer(policy):
+        peer = parse_peer_policy(policy)
+        return {"router": peer.peer.name, "version": peer.peer.version}
+    return {"router": "shoal", "version": source_digest("shoal.router")}
+
+
 def run_compare(
     plan: ComparePlan,
     *,
@@ -83,58 +100,140 @@ def run_compare(
     configs = {
         policy: fleet_router_config(plan.spec, policy=RouterPolicy(policy), router=plan.router)
         for policy in plan.policies
+        if not is_peer(policy)
     }
     for rate in plan.rates:
-        workload = plan.workload_for(rate)
-        described = {
-            **workload.params,
-            "ideal_prefix_hit_rate": ideal_hit_rate(workload.requests, profile=profile),
-        }
-        workloads[rate] = described
-        for policy in plan.policies:
-            if on_start is not None:
-                on_start(policy, rate, len(workload.requests))
-            with LocalFleet(
-                plan.spec,
-                policy=policy,
-                workdir=workdir / f"{policy}-{rate:g}",
-                router_config=configs[policy],
-            ) as fleet:
-                result, _ = asyncio.run(
-                    measure(
-                        fleet.router,
-                        workload,
-                        model=plan.spec.model,
-                        pacing=OpenLoop(rate=rate, burstiness=plan.burstiness, seed=plan.spec.seed),
-                        engines=fleet.engines,
-                        time_scale=plan.spec.time_scale,
-                        request_timeout=plan.request_timeout,
-                        run_timeout=3 * len(workload.requests) / rate + 60,
-                        on_outcome=on_outcome,
+        for seed in plan.seeds:
+            workload = plan.workload_for(rate, seed)
+            described = {
+                **workload.params,
+                "ideal_prefix_hit_rate": ideal_hit_rate(workload.requests, profile=profile),
+            }
+            workloads.setdefault(rate, described)
+            spec = dataclasses.replace(plan.spec, seed=seed)
+            for policy in plan.policies:
+                if on_start is not None:
+                    on_start(policy, rate, seed, len(workload.requests))
+                name = f"{policy.replace(':', '-')}-{rate:g}-seed{seed}"
+                with LocalFleet(
+                    spec,
+                    policy=policy,
+                    workdir=workdir / name,
+                    router_config=configs.get(policy, {}),
+                    router_replicas=plan.router_replicas,
+                ) as fleet:
+                    result, _ = asyncio.run(
+                        measure(
+                            fleet.routers,
+                            workload,
+                            model=spec.model,
+                            pacing=OpenLoop(rate=rate, burstiness=plan.burstiness, seed=seed),
+                            engines=fleet.engines,
+                            time_scale=spec.time_scale,
+                            request_timeout=plan.request_timeout,
+                            run_timeout=3 * len(workload.requests) / rate + 60,
+                            on_outcome=on_outcome,
+                        )
                     )
+                    flags = fleet.router_flags
+                results.append(
+                    {
+                        "policy": policy,
+                        "rate": rate,
+                        "seed": seed,
+                        **router_of(policy),
+                        "router_flags": flags,
+                        "router_replicas": plan.router_replicas,
+                        "p50_ttft_ms": result["median_ttft_ms"],
+                        "ideal_prefix_hit_rate": described["ideal_prefix_hit_rate"],
+                        **result,
+                    }
                 )
-            results.append(
-                {
-                    "policy": policy,
-                    "rate": rate,
-                    "p50_ttft_ms": result["median_ttft_ms"],
-                    "ideal_prefix_hit_rate": described["ideal_prefix_hit_rate"],
-                    **result,
-                }
-            )
     single = len(plan.rates) == 1
+    summary = over_seeds(results) if len(plan.seeds) > 1 else results
+    shoal_policies = [p for p in plan.policies if not is_peer(p)]
     report: dict[str, Any] = {
         "profile": profile_report(plan.spec),
         "workload": workloads[plan.rates[0]] if single else _sweep_workload(workloads),
+        "seeds": list(plan.seeds),
+        "router_replicas": plan.router_replicas,
         # router.json as the operator writes it (but for the policy, per result).
-        "router_config": {k: v for k, v in configs[plan.policies[0]].items() if k != "policy"},
+        "router_config": (
+            {k: v for k, v in configs[shoal_policies[0]].items() if k != "policy"}
+            if shoal_policies
+            else None
+        ),
+        "peers": {
+            name: {"package": peer.package, "version": peer.version}
+            for name, peer in PEERS.items()
+            if any(p.startswith(name + ":") for p in plan.policies)
+        },
         "sources": {"router": source_digest("shoal.router"), "sim": source_digest("shoal.sim")},
         "results": results,
     }
+    if len(plan.seeds) > 1:
+        report["summary"] = summary
     if not single:
-        report["knees"] = knees(results)
-        report["operating_point"] = operating_point(results)
+        report["knees"] = knees(summary)
+        report["operating_point"] = operating_point(summary)
     return report
+
+
+# Result fields whose median over seeds the summary gives.
+SUMMED_UP = (
+    "completed",
+    "failed",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p50_ttft_ms",
+    "p99_ttft_ms",
+    "p99_itl_ms",
+    "p99_e2el_ms",
+    "request_throughput",
+    "output_throughput",
+    "prefix_hit_rate",
+    "preemptions",
+    "request_imbalance",
+    "ideal_prefix_hit_rate",
+)
+
+
+def over_seeds(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (policy, rate): the median over seeds of each figure, and
+    the P99 TTFT's spread (lowest and highest seed). NaN figures (a run with
+    no answers) are left out of a median rather than poisoning it."""
+    grouped: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for result in results:
+        grouped.setdefault((result["policy"], result["rate"]), []).append(result)
+    rows = []
+    for runs in grouped.values():
+        row: dict[str, Any] = {
+            k: runs[0][k] for k in ("policy", "rate", "router", "version", "router_replicas")
+        }
+        row["router_flags"] = runs[0].get("router_flags")
+        row["seeds"] = [r["seed"] for r in runs]
+        for key in SUMMED_UP:
+            values = [
+                float(v)
+                for r in runs
+                if isinstance(v := r.get(key), int | float) and not math.isnan(v)
+            ]
+            row[key] = statistics.median(values) if values else math.nan
+        p99 = [r["p99_ttft_ms"] for r in runs if not math.isnan(r["p99_ttft_ms"])]
+        row["p99_ttft_ms_min"] = min(p99, default=math.nan)
+        row["p99_ttft_ms_max"] = max(p99, default=math.nan)
+        groups = [r.get("groups") or {} for r in runs]
+        if groups[0]:
+            row["groups"] = {
+                name: {
+                    "p99_e2el_ms": statistics.median(
+                        g[name]["p99_e2el_ms"] for g in groups if name in g
+                    )
+                }
+                for name in groups[0]
+            }
+        rows.append(row)
+    return rows
 
 
 def _sweep_workload(workloads: dict[float, dict[str, Any]]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -161,7 +162,7 @@ async def _send(
 
 
 async def drive(
-    url: str,
+    url: str | Sequence[str],
     requests: Sequence[BenchRequest],
     *,
     model: str,
@@ -175,8 +176,14 @@ async def drive(
     """Send every request (bounded in time), return what each one did.
 
     `time_scale` is how many engine seconds pass per wall second (a
-    simulator's --sim-time-scale); rates and timestamps are in engine time."""
-    url = url.rstrip("/")
+    simulator's --sim-time-scale); rates and timestamps are in engine time.
+
+    Several URLs stand for router replicas behind a Service without session
+    affinity: each request goes to one of them at random (seeded by the
+    pacing's seed, so every policy sees the same split)."""
+    urls = [u.rstrip("/") for u in ([url] if isinstance(url, str) else url)]
+    split = random.Random(f"{getattr(pacing, 'seed', 0)}-routers")
+    targets = [urls[0] if len(urls) == 1 else split.choice(urls) for _ in requests]
     outcomes = [Outcome(index=r.index, group=r.group) for r in requests]
     position = {r.index: i for i, r in enumerate(requests)}
     answered = {r.after: asyncio.Event() for r in requests if r.after is not None}
@@ -187,6 +194,7 @@ async def drive(
 
     async def one(request: BenchRequest) -> None:
         outcome = outcomes[position[request.index]]
+        target = targets[position[request.index]]
         try:
             if request.after is not None and request.after in position:
                 await answered[request.after].wait()
@@ -196,7 +204,7 @@ async def drive(
                 outcome.sent = (time.perf_counter() - start) * time_scale
                 await _send(
                     session,
-                    url,
+                    target,
                     request,
                     model=model,
                     outcome=outcome,

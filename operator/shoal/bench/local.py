@@ -1,5 +1,8 @@
 """A fleet on loopback: N simulated engines (one `shoal sim` process serving
-them all, the cheapest way on a small machine) and a `shoal router` in front.
+them all, the cheapest way on a small machine) and K routers in front: `shoal
+router`s, or a peer router (vllm-router, smg: see `peers.py`) for a policy
+named "PEER:POLICY". K > 1 stands for several router pods behind one Service;
+the load driver splits requests among them at random.
 
 Every start is fresh: cold prefix caches, the same profile and seed, so
 policies compared one after another start from the same state. The
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shoal.bench.peers import is_peer, parse_peer_policy, start_peer, wait_routing
 from shoal.procs import HOST, LocalProcess, free_ports, start_router, start_sim, wait_scraped
 
 
@@ -58,15 +62,23 @@ class FleetSpec:
 @dataclass
 class LocalFleet:
     """`with LocalFleet(spec, policy=..., workdir=...) as fleet:` then send
-    traffic to `fleet.router`; engines' own URLs are `fleet.engines`."""
+    traffic to `fleet.routers` (`fleet.router` is the first); engines' own
+    URLs are `fleet.engines`. `router_flags` is what the router was started
+    with beyond where it listens and what it routes to."""
 
     spec: FleetSpec
     policy: str
     workdir: Path
     router_config: dict[str, Any] = field(default_factory=dict)
+    router_replicas: int = 1
     engines: list[str] = field(default_factory=list)
-    router: str = ""
+    routers: list[str] = field(default_factory=list)
+    router_flags: list[str] = field(default_factory=list)
     _processes: list[LocalProcess] = field(default_factory=list)
+
+    @property
+    def router(self) -> str:
+        return self.routers[0]
 
     def __enter__(self) -> LocalFleet:
         try:
@@ -81,7 +93,7 @@ class LocalFleet:
 
     def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        *engine_ports, router_port = free_ports(self.spec.replicas + 1)
+        engine_ports = free_ports(self.spec.replicas)
         sim = start_sim(
             self.spec.sim_flags(),
             log=self.workdir / "sim.log",
@@ -90,17 +102,35 @@ class LocalFleet:
         self._processes.append(sim)
         self.engines = list(sim.urls)
         sim.wait_http("/health")
-        router = start_router(
-            log=self.workdir / f"router-{self.policy}.log",
-            config={**self.router_config, "policy": self.policy},
-            endpoints=self.engines,
-            port=router_port,
-        )
-        self._processes.append(router)
-        self.router = router.url
-        router.wait_http("/ready")
-        # Routing on load needs the first scrape of every engine to have landed.
-        wait_scraped(self.router, self.engines, timeout=30)
+        started = [self._start_router(i) for i in range(self.router_replicas)]
+        for router in started:
+            self._wait_router(router)
+        self.routers = [router.url for router in started]
+
+    def _start_router(self, index: int) -> LocalProcess:
+        name = self.policy.replace(":", "-") + (f"-{index}" if self.router_replicas > 1 else "")
+        log = self.workdir / f"router-{name}.log"
+        if is_peer(self.policy):
+            peer = parse_peer_policy(self.policy)
+            self.router_flags = peer.flags()
+            process = start_peer(peer, engines=self.engines, log=log)
+        else:
+            self.router_flags = ["--config", "router.json (the operator's, see router_config)"]
+            process = start_router(
+                log=log,
+                config={**self.router_config, "policy": self.policy},
+                endpoints=self.engines,
+            )
+        self._processes.append(process)
+        return process
+
+    def _wait_router(self, router: LocalProcess) -> None:
+        if not is_peer(self.policy):
+            router.wait_http("/ready")
+            # Routing on load needs the first scrape of every engine to have landed.
+            wait_scraped(router.url, self.engines, timeout=30)
+            return
+        wait_routing(router, model=self.spec.model)
 
     def stop(self) -> None:
         for process in reversed(self._processes):

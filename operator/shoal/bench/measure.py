@@ -27,7 +27,7 @@ def describe_pacing(pacing: Pacing) -> dict[str, object]:
 
 
 async def measure(
-    url: str,
+    url: str | Sequence[str],
     workload: Workload,
     *,
     model: str,

@@ -12,6 +12,7 @@ from rich.table import Table
 _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("ok", "completed", "{:.0f}"),
     ("failed", "failed", "{:.0f}"),
+    ("TTFT mean ms", "mean_ttft_ms", "{:.0f}"),
     ("TTFT p50 ms", "median_ttft_ms", "{:.0f}"),
     ("TTFT p99 ms", "p99_ttft_ms", "{:.0f}"),
     ("ITL p99 ms", "p99_itl_ms", "{:.0f}"),
@@ -57,6 +58,9 @@ def results_table(
     group_columns = _group_columns(results)
     for title_, _ in group_columns:
         table.add_column(title_, justify="right")
+    spread = any("p99_ttft_ms_min" in r for r in results)
+    if spread:
+        table.add_column("TTFT p99 seeds min-max", justify="right")
     for result in results:
         row = [str(result.get("policy") or result.get("label") or "-")]
         if len(rates) > 1:
@@ -64,6 +68,9 @@ def results_table(
         row += [cell(result, key, fmt) for _, key, fmt in _COLUMNS]
         for _, group in group_columns:
             row.append(cell((result.get("groups") or {}).get(group, {}), "p99_e2el_ms", "{:.0f}"))
+        if spread:
+            low = cell(result, "p99_ttft_ms_min", "{:.0f}")
+            row.append(f"{low}-{cell(result, 'p99_ttft_ms_max', '{:.0f}')}")
         table.add_row(*row)
     return table
 
@@ -102,3 +109,13 @@ def knees_table(knees: dict[str, dict[str, Any]]) -> Table:
             f"{knee['limit_p99_ttft_ms']:.0f}",
         )
     return table
+
+
+def peers_line(results: Sequence[dict[str, Any]]) -> str:
+    """Which router version ran each policy, with the flags it was given
+    beyond where it listens and what it routes to."""
+    seen: dict[str, str] = {}
+    for result in results:
+        flags = " ".join(result.get("router_flags") or [])
+        seen.setdefault(result["policy"], f"{result['router']} {result['version']}: {flags}")
+    return "routers:\n" + "\n".join(f"  {policy}: {text}" for policy, text in seen.items())

@@ -28,6 +28,11 @@ same whether it calls the upstream directly or through the router.
   wake-ups across cores per chunk, and whatever else runs on the machine),
   against which the router's own share can be judged.
 
+- Peers (`--peers vllm-router,smg`, the default): each peer router, pinned to
+  the router's core like shoal's, in the same wrk rounds (cache_aware, their
+  default policy), at `--connections` and at `--low-connections` (4), where
+  p50 / p99 latency rather than throughput is compared.
+
 CPU seconds of the router, the upstream and this process are reported per
 phase, with the load average before and after: a router phase whose router CPU
 is near 100% of the wall time means the router core saturated.
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -48,15 +54,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import uvloop
 
+from shoal.bench.peers import expand_peers, parse_peer_policy, start_peer, wait_routing
 from shoal.bench.stats import percentile
-from shoal.procs import HOST, free_ports, start, start_router, wait_http, wait_scraped
+from shoal.procs import (
+    HOST,
+    LocalProcess,
+    free_ports,
+    start,
+    start_router,
+    wait_http,
+    wait_scraped,
+)
 
 ROUTER_CORE = 0
 LOAD_CORE = 1
@@ -410,9 +425,11 @@ def _wrk_rounds(
     connections: int,
     body: bytes,
     tmp: Path,
+    names: Sequence[str] = ("direct", "router"),
 ) -> dict[str, list[dict[str, Any]]]:
-    """wrk against direct and router, alternated, with every process's CPU."""
-    runs: dict[str, list[dict[str, Any]]] = {"direct": [], "router": []}
+    """wrk against direct and router (and any other of `targets` named),
+    alternated, with every process's CPU."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for order in _rounds(list(runs), rounds):
         for name in order:
             with Meter(pids) as meter:
@@ -451,6 +468,12 @@ def main() -> None:
     parser.add_argument("--wrk-streams", action="store_true", help="also wrk on the stream load")
     parser.add_argument("--router-args", default="", help="extra `shoal router` arguments")
     parser.add_argument(
+        "--peers",
+        default="vllm-router:cache_aware,smg:cache_aware",
+        help="peer routers in the throughput rounds, PEER:POLICY or PEER ('' for none)",
+    )
+    parser.add_argument("--low-connections", type=int, default=4)
+    parser.add_argument(
         "--floor",
         action="store_true",
         help="also stream through a bare TCP relay on the router's core: the least any "
@@ -465,6 +488,18 @@ def main() -> None:
     os.sched_setaffinity(0, {LOAD_CORE})
     tmp = Path(tempfile.mkdtemp(prefix="shoal-bench-"))
     up_port, router_port, relay_port = free_ports(3)
+    peers = expand_peers(args.peers) if not args.skip_throughput else ()
+    _run(args, tmp=tmp, ports=(up_port, router_port, relay_port), peer_labels=peers)
+
+
+def _run(
+    args: argparse.Namespace,
+    *,
+    tmp: Path,
+    ports: tuple[int, int, int],
+    peer_labels: tuple[str, ...],
+) -> None:
+    up_port, router_port, relay_port = ports
     upstream_url = f"http://{HOST}:{up_port}"
     relay = [sys.executable, "-m", "shoal.bench.router_http", "--serve-relay"]
     relay_argv = [*relay, str(relay_port), str(up_port)] if args.floor else ["sleep", "infinity"]
@@ -494,12 +529,28 @@ def main() -> None:
             prefix=_taskset(ROUTER_CORE),
         ) as router_proc,
         start([*_taskset(ROUTER_CORE), *relay_argv], log=tmp / "relay.log") as relay_proc,
+        contextlib.ExitStack() as stack,
     ):
         upstream_proc.wait_http("/health", timeout=15)
         router_proc.wait_http("/ready", timeout=15)
         wait_scraped(router_proc.url, [upstream_url])
         if args.floor:
             wait_http(f"http://{HOST}:{relay_port}/health", timeout=15, process=relay_proc)
+        # Peers after the upstream answers: vllm-router looks at its
+        # workers at start and, finding one down, again only 30 s later.
+        peers: dict[str, LocalProcess] = {
+            label: stack.enter_context(
+                start_peer(
+                    parse_peer_policy(label),
+                    engines=[upstream_url],
+                    log=tmp / f"{label.replace(':', '-')}.log",
+                    prefix=_taskset(ROUTER_CORE),
+                )
+            )
+            for label in peer_labels
+        }
+        for peer in peers.values():
+            wait_routing(peer, model="m")
         pids = {
             "router_cpu": router_proc.pid,
             "upstream_cpu": upstream_proc.pid,
@@ -508,19 +559,27 @@ def main() -> None:
         targets = {"direct": up_port, "router": router_port, "relay": relay_port}
         if args.floor:
             pids["relay_cpu"] = relay_proc.pid
+        for label, peer in peers.items():
+            targets[label] = int(peer.url.rsplit(":", 1)[1])
+            pids[f"{label}_cpu"] = peer.pid
         result: dict[str, Any] = {
             "placement": {"router_core": ROUTER_CORE, "load_and_upstream_core": LOAD_CORE},
             "load_average_start": _loadavg(),
         }
         wrk_rounds = functools.partial(_wrk_rounds, targets, pids, rounds=args.rounds, tmp=tmp)
         if not args.skip_throughput:
-            runs = wrk_rounds(seconds=args.seconds, connections=args.connections, body=_PLAIN_BODY)
-            for run in runs["direct"] + runs["router"]:
-                # Robust to other load on the machine: the router's CPU
-                # per request (1e6 / this = requests/s on a whole core).
-                run["router_cpu_us_per_request"] = round(
-                    float(run["router_cpu"]) * 1e6 / run["requests_per_second"], 1
-                )
+            names = ["direct", "router", *peers]
+            runs = wrk_rounds(
+                seconds=args.seconds, connections=args.connections, body=_PLAIN_BODY, names=names
+            )
+            for name in names:
+                cpu_key = "router_cpu" if name in ("direct", "router") else f"{name}_cpu"
+                for run in runs[name]:
+                    # Robust to other load on the machine: the router's CPU
+                    # per request (1e6 / this = requests/s on a whole core).
+                    run["router_cpu_us_per_request"] = round(
+                        float(run[cpu_key]) * 1e6 / run["requests_per_second"], 1
+                    )
             result["throughput"] = {
                 "connections": args.connections,
                 "direct_rps_median": _median_of(runs["direct"], "requests_per_second"),
@@ -528,7 +587,33 @@ def main() -> None:
                 "router_cpu_us_per_request_median": _median_of(
                     runs["router"], "router_cpu_us_per_request"
                 ),
+                "peers": {
+                    label: {
+                        "rps_median": _median_of(runs[label], "requests_per_second"),
+                        "cpu_us_per_request_median": _median_of(
+                            runs[label], "router_cpu_us_per_request"
+                        ),
+                    }
+                    for label in peers
+                },
                 "rounds": runs,
+            }
+            low = wrk_rounds(
+                seconds=args.seconds,
+                connections=args.low_connections,
+                body=_PLAIN_BODY,
+                names=names,
+            )
+            result["latency_low_connections"] = {
+                "connections": args.low_connections,
+                **{
+                    name: {
+                        "p50_ms_median": _median_of(low[name], "p50_ms"),
+                        "p99_ms_median": _median_of(low[name], "p99_ms"),
+                        "rps_median": _median_of(low[name], "requests_per_second"),
+                    }
+                    for name in names
+                },
             }
         if not args.skip_streams:
             names = ["direct", "router", "relay"] if args.floor else ["direct", "router"]
