@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from shoal_testbed import nodehost
 from shoal_testbed.cluster import DEFAULT_DIR, Testbed
 
 
@@ -22,7 +23,8 @@ def main() -> int:
         if running is not None:
             print(f"testbed already running: export KUBECONFIG={running.kubeconfig}")
             return 0
-        bed = Testbed(args.dir)
+        # The real node (docs/real-node.md) unless SHOAL_TESTBED_NODE=0.
+        bed = Testbed(args.dir, real_node=nodehost.wanted_by_default())
         bed.down()  # clear what a crashed run left
         state = bed.up()
         print(f"testbed up in {state.started_seconds:.1f}s; logs in {bed.logs}")
@@ -38,7 +40,7 @@ def main() -> int:
         return 1
     assert running.state is not None
     print(f"testbed running at {running.state.server}; KUBECONFIG={running.kubeconfig}")
-    print(running.kubectl("get", "nodes", "-L", "nvidia.com/gpu.product"))
+    print(running.kubectl("get", "nodes", "-o", "wide", "-L", "nvidia.com/gpu.product"))
     return 0
 
 

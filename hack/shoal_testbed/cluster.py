@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from shoal_testbed import nodes, pki, procs
+from shoal_testbed import nodehost, nodes, pki, procs, realnode
 
 log = logging.getLogger("shoal_testbed")
 
@@ -70,6 +70,10 @@ class State:
     pod_octet: int
     pids: dict[str, int] = field(default_factory=dict)
     started_seconds: float = 0.0
+    real_node: bool = False  # hack/shoal_testbed/nodehost.py
+
+    def node_layout(self) -> realnode.NodeLayout:
+        return realnode.NodeLayout(octet=self.pod_octet, state_dir=Path(self.directory) / "node")
 
     @property
     def server(self) -> str:
@@ -81,8 +85,11 @@ class Testbed:
 
     __test__ = False  # not a pytest test class, despite the name
 
-    def __init__(self, directory: Path, *, owned_by_caller: bool = False) -> None:
+    def __init__(
+        self, directory: Path, *, owned_by_caller: bool = False, real_node: bool = False
+    ) -> None:
         self.dir = directory.resolve()
+        self.real_node = real_node
         # A testbed owned by a pytest run dies with it; see procs.
         self.owned_by_caller = owned_by_caller
         self.state: State | None = None
@@ -152,8 +159,16 @@ class Testbed:
             scheduler_port=procs.free_port(),
             kwok_port=procs.free_port(),
             pod_octet=_free_pod_octet(),
+            real_node=self.real_node,
         )
-        pki.generate(self.pki)
+        extra_ips: tuple[str, ...] = ()
+        if self.real_node:
+            self._save()  # a failed start's down() finds the node to remove
+            layout = self.state.node_layout()
+            nodehost.teardown(layout)
+            nodehost.prepare_network(layout)
+            extra_ips = (layout.host_ip,)
+        pki.generate(self.pki, extra_ips=extra_ips)
         self._write_kubeconfigs()
         try:
             self._start_etcd()
@@ -163,6 +178,8 @@ class Testbed:
             self._start_kwok()
             self._create_nodes()
             self._start_podrunner()
+            if self.real_node:
+                nodehost.start(self)
         except BaseException:
             self.down(keep_logs=True)
             raise
@@ -240,30 +257,33 @@ class Testbed:
         port = self.state.apiserver_port
         self._launch(
             "kube-apiserver",
-            [
-                str(bin_dir() / "kube-apiserver"),
-                f"--etcd-servers=http://127.0.0.1:{self.state.etcd_port}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-                # A loopback advertise address is refused by the lease endpoint
-                # reconciler; with none, the `kubernetes` Service simply has no endpoints.
-                "--advertise-address=127.0.0.1",
-                "--endpoint-reconciler-type=none",
-                f"--tls-cert-file={self.pki / 'apiserver.crt'}",
-                f"--tls-private-key-file={self.pki / 'apiserver.key'}",
-                f"--client-ca-file={self.pki / 'ca.crt'}",
-                f"--service-account-issuer=https://127.0.0.1:{port}",
-                f"--service-account-key-file={self.pki / 'sa.pub'}",
-                f"--service-account-signing-key-file={self.pki / 'sa.key'}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--authorization-mode=RBAC",
-                "--allow-privileged=true",
-                f"--audit-policy-file={policy}",
-                f"--audit-log-path={self.logs / 'audit.log'}",
-                "--audit-log-maxsize=200",
-                "--audit-log-maxbackup=2",
-                "--profiling=false",
-            ],
+            _override(
+                [
+                    str(bin_dir() / "kube-apiserver"),
+                    f"--etcd-servers=http://127.0.0.1:{self.state.etcd_port}",
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={port}",
+                    # A loopback advertise address is refused by the lease endpoint
+                    # reconciler; with none, the `kubernetes` Service simply has no endpoints.
+                    "--advertise-address=127.0.0.1",
+                    "--endpoint-reconciler-type=none",
+                    f"--tls-cert-file={self.pki / 'apiserver.crt'}",
+                    f"--tls-private-key-file={self.pki / 'apiserver.key'}",
+                    f"--client-ca-file={self.pki / 'ca.crt'}",
+                    f"--service-account-issuer=https://127.0.0.1:{port}",
+                    f"--service-account-key-file={self.pki / 'sa.pub'}",
+                    f"--service-account-signing-key-file={self.pki / 'sa.key'}",
+                    f"--service-cluster-ip-range={SERVICE_CIDR}",
+                    "--authorization-mode=RBAC",
+                    "--allow-privileged=true",
+                    f"--audit-policy-file={policy}",
+                    f"--audit-log-path={self.logs / 'audit.log'}",
+                    "--audit-log-maxsize=200",
+                    "--audit-log-maxbackup=2",
+                    "--profiling=false",
+                ],
+                self._real_node_apiserver_flags(),
+            ),
         )
         self._wait_healthy(
             "kube-apiserver",
@@ -271,6 +291,25 @@ class Testbed:
             context=self._client_tls("admin"),
             timeout=120,
         )
+
+    def _real_node_apiserver_flags(self) -> list[str]:
+        """With a real node, the API server is also reached from the node's
+        namespace (at the host's end of its veth, which the `kubernetes`
+        Service's endpoint names), authorizes kubelets as nodes, and talks to
+        kubelet (logs, exec) with a client certificate."""
+        assert self.state is not None
+        if not self.state.real_node:
+            return []
+        return [
+            "--bind-address=0.0.0.0",
+            f"--advertise-address={self.state.node_layout().host_ip}",
+            "--endpoint-reconciler-type=lease",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--kubelet-client-certificate={self.pki / 'admin.crt'}",
+            f"--kubelet-client-key={self.pki / 'admin.key'}",
+            "--kubelet-preferred-address-types=InternalIP",
+        ]
 
     def _secure_component_flags(self, name: str, stem: str, port: int) -> list[str]:
         kubeconfig = self.component_kubeconfig(stem)
@@ -423,6 +462,8 @@ class Testbed:
         if self.state is not None:
             for name, pid in reversed(list(self.state.pids.items())):
                 procs.stop_group(pid, grace_seconds=15 if name == "podrunner" else 5)
+            if self.state.real_node:
+                nodehost.teardown(self.state.node_layout())
         for path in ("etcd-data", "state.json", "podrunner.ready", "certs"):
             target = self.dir / path
             if target.is_dir():
@@ -456,6 +497,12 @@ def _kubeconfig(server: str, pki_dir: Path, stem: str) -> dict[str, Any]:
         "contexts": [{"name": "testbed", "context": {"cluster": "testbed", "user": stem}}],
         "current-context": "testbed",
     }
+
+
+def _override(argv: list[str], flags: list[str]) -> list[str]:
+    """argv with each of flags (--name=value) replacing argv's flag of that name."""
+    names = {flag.partition("=")[0] for flag in flags}
+    return [arg for arg in argv if arg.partition("=")[0] not in names] + flags
 
 
 def _insecure_tls() -> ssl.SSLContext:

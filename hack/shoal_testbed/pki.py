@@ -36,7 +36,14 @@ CLIENTS = (
     ClientIdentity("scheduler", "system:kube-scheduler"),
     ClientIdentity("kwok", "system:kwok-controller", ("system:masters",)),
     ClientIdentity("podrunner", "system:testbed-podrunner", ("system:masters",)),
+    # The real node (realnode.py): the Node authorizer's identity for its
+    # kubelet, and kube-proxy's built-in binding (system:node-proxier).
+    ClientIdentity("node", "system:node:real-node-0", ("system:nodes",)),
+    ClientIdentity("kube-proxy", "system:kube-proxy"),
 )
+# The `kubernetes` Service's ClusterIP (the first of the service range): pods
+# reach the API server there.
+SERVICE_IP = "10.96.0.1"
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
@@ -75,8 +82,9 @@ def _builder(
     )
 
 
-def generate(pki_dir: Path) -> None:
-    """Write ca.{crt,key}, apiserver.{crt,key}, sa.{key,pub} and <client>.{crt,key}."""
+def generate(pki_dir: Path, *, extra_ips: tuple[str, ...] = ()) -> None:
+    """Write ca.{crt,key}, apiserver.{crt,key}, sa.{key,pub} and <client>.{crt,key}.
+    extra_ips: more addresses the API server is reached at (the real node's)."""
     pki_dir.mkdir(parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name("shoal-testbed-ca")
@@ -125,7 +133,10 @@ def generate(pki_dir: Path) -> None:
         "apiserver",
         _name("kube-apiserver"),
         ExtendedKeyUsageOID.SERVER_AUTH,
-        [x509.DNSName(d) for d in dns] + [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+        [x509.DNSName(d) for d in dns]
+        + [
+            x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", SERVICE_IP, *extra_ips)
+        ],
     )
     for client in CLIENTS:
         issue(

@@ -37,6 +37,7 @@ from kubernetes import client, config, watch
 
 from shoal_testbed import kubelet, podfs, procs
 from shoal_testbed.podspec import Pod, container
+from shoal_testbed.realnode import NODE_NAME
 from shoal_testbed.rules import Launch, Rule
 
 log = logging.getLogger("podrunner")
@@ -73,6 +74,8 @@ def runnable(pod: Pod) -> bool:
     meta, status = pod.get("metadata", {}), pod.get("status", {})
     return (
         not meta.get("deletionTimestamp")
+        # The real node's kubelet runs its own pods (realnode.py).
+        and pod.get("spec", {}).get("nodeName") != NODE_NAME
         and status.get("phase") == "Running"
         and bool(status.get("podIP"))
     )

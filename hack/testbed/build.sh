@@ -70,7 +70,7 @@ kube_godebug=$(sed -n 's/^godebug \(.*\)/\1/p' "$kube_dir/go.mod")
   for m in $staging; do echo "  $m => $m $staging_version"; done
   echo ")"
   echo "tool ("
-  for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for c in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
     echo "  k8s.io/kubernetes/cmd/$c"
   done
   echo ")"
@@ -86,11 +86,13 @@ kube_ldflags="-s -w \
  -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION \
  -X k8s.io/client-go/pkg/version.gitMajor=1 \
  -X k8s.io/client-go/pkg/version.gitMinor=${kube_minor%%.*}"
-log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl ($major_minor)"
+# kubelet and kube-proxy: the testbed's real node (hack/node, docs/real-node.md).
+log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy ($major_minor)"
 (cd "$work/kube" && go build -trimpath -tags selinux,notest,grpcnotrace \
   -ldflags "$kube_ldflags" -o "$bin/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
+  k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
 
 # --- etcd: its server module has local replaces, so it needs a wrapper too.
 log "building etcd $ETCD_VERSION"

@@ -1,0 +1,124 @@
+"""The real node's init, run inside its network namespace and a mount namespace
+of its own (`nodehost` starts it there): containerd, the images imported from
+the local builds, kubelet and kube-proxy, as kind's node container runs them.
+
+It exits when any of them exits (the testbed's supervisor starts it again) and
+stops them on SIGTERM. The pods' containers are the host side's to remove
+(`nodehost.teardown` empties the node's cgroups).
+
+Run as `python -m shoal_testbed.noderun --layout L.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from shoal_testbed import procs
+from shoal_testbed.realnode import CONTAINERD_NAMESPACE, NodeLayout
+
+log = logging.getLogger("noderun")
+
+
+def _sysctl(name: str, value: str) -> None:
+    Path("/proc/sys", *name.split(".")).write_text(value)
+
+
+def _start(name: str, argv: list[str], *, logs: Path) -> subprocess.Popen[bytes]:
+    log.info("starting %s", name)
+    out = (logs / f"node-{name}.log").open("ab")
+    return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _import_images(ctr: list[str], archives: list[Path]) -> None:
+    """Import each archive whose image containerd lacks (a restarted node
+    keeps its images: the testbed's data lives until its teardown)."""
+    present = subprocess.run(
+        [*ctr, "images", "ls", "-q"], check=True, capture_output=True, text=True, timeout=60
+    ).stdout.split()
+    for archive in archives:
+        name = archive.with_suffix(".name").read_text().strip()
+        if name in present:
+            continue
+        log.info("importing %s as %s", archive, name)
+        subprocess.run([*ctr, "images", "import", str(archive)], check=True, timeout=600)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shoal_testbed.noderun", description=__doc__)
+    parser.add_argument("--layout", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    spec = json.loads(args.layout.read_text())
+    layout = NodeLayout(octet=spec["octet"], state_dir=Path(spec["state_dir"]))
+    binaries, node_bin = Path(spec["bin_dir"]), Path(spec["node_bin_dir"])
+    logs = Path(spec["logs"])
+    conf = layout.config_dir
+
+    # This namespace is the node's: forward pod traffic, and let kube-proxy's
+    # rules see bridged packets (a pod reaching a Service backed by a pod on
+    # the same bridge).
+    _sysctl("net.ipv4.ip_forward", "1")
+    _sysctl("net.bridge.bridge-nf-call-iptables", "1")
+    os.environ["PATH"] = f"{node_bin}:/usr/sbin:/usr/bin:/sbin:/bin"
+
+    children: dict[str, subprocess.Popen[bytes]] = {}
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        for name in ("kube-proxy", "kubelet", "containerd"):
+            if (child := children.get(name)) is not None and child.poll() is None:
+                child.terminate()
+        for child in children.values():
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    children["containerd"] = _start(
+        "containerd",
+        [str(node_bin / "containerd"), f"--config={conf / 'containerd.toml'}"],
+        logs=logs,
+    )
+    procs.wait_until(
+        layout.containerd_socket.exists,
+        what="containerd's socket",
+        timeout_seconds=60,
+        is_alive=lambda: children["containerd"].poll() is None,
+        log_path=logs / "node-containerd.log",
+    )
+    ctr = [str(node_bin / "ctr"), f"--address={layout.containerd_socket}"]
+    ctr += [f"--namespace={CONTAINERD_NAMESPACE}"]
+    _import_images(ctr, [Path(p) for p in spec["images"]])
+
+    children["kubelet"] = _start(
+        "kubelet", [str(binaries / "kubelet"), *spec["kubelet_args"]], logs=logs
+    )
+    children["kube-proxy"] = _start(
+        "kube-proxy",
+        [str(binaries / "kube-proxy"), f"--config={conf / 'kube-proxy.yaml'}"],
+        logs=logs,
+    )
+    (layout.run_dir / "node.ready").write_text(str(os.getpid()))
+    while True:
+        for name, child in children.items():
+            if (code := child.poll()) is not None:
+                log.error("%s exited with %s; stopping the node", name, code)
+                stop(signal.SIGTERM, None)
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
