@@ -233,7 +233,7 @@ def manifest(args: argparse.Namespace, warmup: bool, prompts: list[str]) -> dict
             "maxModelLen": 8192,
             "extraArgs": ["--sim-time-scale", str(args.time_scale)],
         },
-        "router": {"policy": args.policy},
+        "router": {"policy": args.policy, "replicaHeader": True},
         "warmup": (
             {"prompts": [{"text": p} for p in prompts], "timeoutSeconds": 120}
             if warmup

@@ -65,6 +65,8 @@ def cluster_manifest(
         "gpu": {"product": "NVIDIA-H100-80GB-HBM3"},
         "engine": {"maxModelLen": 8192, "extraArgs": ["--sim-time-scale", str(time_scale)]},
         **spec,
+        # Tests see which replica answered (x-shoal-replica), a debugging setting.
+        "router": {"replicaHeader": True, **spec.get("router", {})},
     }
     return {
         "apiVersion": "serving.shoal.dev/v1alpha1",

@@ -81,7 +81,11 @@ def router_process(bed: Testbed, ns: str, tmp: Path) -> Iterator[str]:
         log=tmp / "router.log",
         # A new pod is Ready a moment before its simulator listens; its first
         # request may fail and open the breaker. Under the test's 30 s wait.
-        config={"policy": "round-robin", "circuitBreaker": {"openSeconds": 5}},
+        config={
+            "policy": "round-robin",
+            "circuitBreaker": {"openSeconds": 5},
+            "replicaHeader": True,
+        },
         args=discovery,
         env={**os.environ, "KUBECONFIG": str(bed.kubeconfig)},
         log_level="INFO",

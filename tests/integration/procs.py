@@ -75,9 +75,10 @@ def router(
     config: dict[str, Any] | None = None,
     name: str = "router",
 ) -> Iterator[str]:
-    """A router over endpoints on router.json `config` (its defaults: {}),
-    once it is Ready."""
-    with start_router(log=tmp / f"{name}.log", config=config or {}, endpoints=endpoints) as front:
+    """A router over endpoints on router.json `config` (its defaults, but for
+    replicaHeader on: tests count placements by it), once it is Ready."""
+    config = {"replicaHeader": True, **(config or {})}
+    with start_router(log=tmp / f"{name}.log", config=config, endpoints=endpoints) as front:
         front.wait_http("/ready", timeout=20)
         yield front.url
 

@@ -143,9 +143,19 @@ class RouterThresholds(ApiModel):
 
 
 class RouterTimeouts(ApiModel):
-    """Deadlines of a client's request body, then of one upstream attempt (keep
-    those shorter than the engine's)."""
+    """Deadlines of a client's request headers and body, then of one upstream attempt
+    (keep those shorter than the engine's)."""
 
+    # Headers come in one packet from any real client; only a client that
+    # trickles them in (slowloris) needs more than a few seconds.
+    client_header_seconds: int = Field(
+        default=10,
+        ge=1,
+        le=3600,
+        description="For a client to send a request's headers, from its connection (or its "
+        "previous request's first byte after an idle keep-alive); a client still sending "
+        "them then gets 408 and the connection is closed.",
+    )
     client_body_seconds: int = Field(
         default=60,
         ge=1,
@@ -275,6 +285,19 @@ class RouterSettings(ApiModel):
     queue: RouterQueue = Field(default_factory=RouterQueue)
     max_request_size: Quantity = Field(
         default="4Mi", description="Largest request body accepted; larger ones get 413."
+    )
+    max_client_connections: int = Field(
+        default=4096,
+        ge=1,
+        le=1_000_000,
+        description="Open client connections one router pod holds; a connection beyond it "
+        "is answered 503 with Retry-After and closed, so stalled clients cannot use up the "
+        "pod's file descriptors.",
+    )
+    replica_header: bool = Field(
+        default=False,
+        description="For debugging: answers name the replica that served them "
+        "(x-shoal-replica: its pod name, or host:port). Off, nothing internal is shown.",
     )
     hot_prefixes: HotPrefixes = Field(default_factory=HotPrefixes)
     api_key_reload_seconds: int = Field(

@@ -118,7 +118,7 @@ class LocalFleet:
             self.router_flags = ["--config", "router.json (the operator's, see router_config)"]
             process = start_router(
                 log=log,
-                config={**self.router_config, "policy": self.policy},
+                config={**self.router_config, "policy": self.policy, "replicaHeader": True},
                 endpoints=self.engines,
             )
         self._processes.append(process)

@@ -15,7 +15,13 @@ from prometheus_client import generate_latest
 
 from shoal.router.config import RouterConfig
 from shoal.router.discovery import PodWatcher, static_endpoints
-from shoal.router.errors import error_response, guarded
+from shoal.router.connections import (
+    KEEPALIVE_SECONDS,
+    MAX_HEADERS,
+    MAX_LINE_BYTES,
+    GuardedRunner,
+)
+from shoal.router.errors import drop_server_header, error_response, guarded
 from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.heap import settle
 from shoal.router.hot import HotPrefixes
@@ -199,6 +205,7 @@ class Router:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
+        app.on_response_prepare.append(drop_server_header)
         app.router.add_post("/v1/completions", self.proxy.handle)
         app.router.add_post("/v1/chat/completions", self.proxy.handle)
         # The completions handler has its own catch-all (it also stamps the
@@ -234,10 +241,20 @@ async def serve(router: Router, *, host: str, port: int) -> None:
     await router.start()
     # handler_cancellation: a client that disconnects cancels its handler, which
     # closes the upstream connection, so the engine aborts the request too.
-    runner = web.AppRunner(router.app(), handler_cancellation=True, access_log=None)
+    runner = GuardedRunner(
+        router.app(),
+        header_seconds=router.config.timeouts.client_header_seconds,
+        max_connections=router.config.max_client_connections,
+        handler_cancellation=True,
+        access_log=None,
+        keepalive_timeout=KEEPALIVE_SECONDS,
+        max_line_size=MAX_LINE_BYTES,
+        max_field_size=MAX_LINE_BYTES,
+        max_headers=MAX_HEADERS,
+    )
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
-    runners = [runner]
+    runners: list[web.AppRunner] = [runner]
     if router.hot is not None:
         internal = web.AppRunner(router.internal_app(), access_log=None)
         await internal.setup()

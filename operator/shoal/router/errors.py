@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 log = logging.getLogger("shoal.router")
 
@@ -26,6 +26,21 @@ _TYPES = {
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
+
+
+class QuietResponse(web.Response):
+    """A Response without aiohttp's `Server: Python/... aiohttp/...` header
+    (which it adds while preparing, after any header set before), for the
+    HTTP layer's answers, which no route and so no `drop_server_header` sees."""
+
+    async def _prepare_headers(self) -> None:
+        await super()._prepare_headers()
+        self._headers.popall(hdrs.SERVER, None)
+
+
+async def drop_server_header(_: web.Request, response: web.StreamResponse) -> None:
+    """An `on_response_prepare` signal: answers name no server software."""
+    response.headers.popall(hdrs.SERVER, None)
 
 
 def error_body(status: int, message: str, *, param: str | None = None) -> dict[str, Any]:

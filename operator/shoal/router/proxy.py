@@ -35,7 +35,8 @@ from shoal.router.upstream import Exchange, Pool, UpstreamError, request_head
 
 log = logging.getLogger("shoal.router")
 
-# Which replica answered: for debugging, and for tests that count placements.
+# Which replica answered, with replicaHeader on: for debugging, and for tests
+# and benchmarks that count placements.
 REPLICA_HEADER = "x-shoal-replica"
 # Kept from the client or generated, sent to the engine, and returned.
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -541,7 +542,8 @@ class Proxy:
                 lower = name.lower()
                 if lower not in _DROPPED and lower not in named:
                     headers.add(name, v.decode("latin-1"))
-            headers[REPLICA_HEADER] = replica.endpoint.name
+            if self.config.replica_header:
+                headers[REPLICA_HEADER] = replica.endpoint.name
             return exchange, status, headers
 
     async def _whole(
