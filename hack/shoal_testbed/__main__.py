@@ -7,8 +7,11 @@ import logging
 import sys
 from pathlib import Path
 
-from shoal_testbed import nodehost
-from shoal_testbed.cluster import DEFAULT_DIR, Testbed
+from shoal_testbed import nodehost, prometheus
+from shoal_testbed.cluster import DEFAULT_DIR, Testbed, bin_dir
+
+# Where `up` runs Prometheus (hack/shoal_testbed/prometheus.py) in the state directory.
+MONITORING = "monitoring"
 
 
 def main() -> int:
@@ -28,10 +31,16 @@ def main() -> int:
         bed.down()  # clear what a crashed run left
         state = bed.up()
         print(f"testbed up in {state.started_seconds:.1f}s; logs in {bed.logs}")
+        if prometheus.binary("prometheus").exists():
+            server = prometheus.start(
+                bed.dir / MONITORING, kubeconfig=bed.kubeconfig, kubectl_bin=bin_dir() / "kubectl"
+            )
+            print(f"Prometheus (the chart's monitors and rules, once installed): {server.url}")
         print(f"export KUBECONFIG={bed.kubeconfig}")
         print(f"export PATH={args.dir.resolve() / 'bin'}:$PATH")
         return 0
     if args.command == "down":
+        prometheus.stop(args.dir.resolve() / MONITORING)
         Testbed(args.dir).down()
         print("testbed down")
         return 0

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from shoal_testbed.cluster import DEFAULT_DIR, Testbed, missing_binaries
+from shoal_testbed.cluster import DEFAULT_DIR, Testbed, bin_dir, missing_binaries
+from shoal_testbed.prometheus import Prometheus
 from tests.conftest import require
 
 
@@ -30,6 +31,35 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
         yield bed
     finally:
         bed.down()
+
+
+@pytest.fixture(scope="session")
+def prometheus(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    """The testbed's Prometheus (hack/shoal_testbed/prometheus.py): the one
+    `make testbed-up` started, else a private one for this session, scraping
+    what the ServiceMonitors and PodMonitors in the API server select."""
+    from shoal_testbed import prometheus as monitoring
+
+    require(
+        monitoring.binary("prometheus").exists(),
+        "Prometheus missing: run `make prometheus`",
+    )
+    running = monitoring.attach(testbed.dir / "monitoring")
+    if running is not None:
+        yield running
+        return
+    directory = tmp_path_factory.mktemp("prometheus")
+    server = monitoring.start(
+        directory,
+        kubeconfig=testbed.kubeconfig,
+        kubectl_bin=bin_dir() / "kubectl",
+        interval="2s",
+        die_with_parent=True,
+    )
+    try:
+        yield server
+    finally:
+        monitoring.stop(directory)
 
 
 @pytest.fixture(scope="module")

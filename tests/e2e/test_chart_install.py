@@ -172,7 +172,9 @@ def test_helm_install_upgrade_test_uninstall_and_least_privilege(
         "jsonpath={.items[0].status.podIP}",
     )
     metrics = httpx.get(f"http://{operator_ip}:8081/metrics", timeout=5).text
-    assert 'shoal_operator_reconcile_passes_total{result="ok"}' in metrics
+    cluster = f'namespace="{apps}",vllmcluster="fleet"'
+    passes = f'shoal_operator_reconcile_passes_total{{{cluster},result="ok"}}'
+    assert passes in metrics
 
     # Changed values roll the operator, which keeps the fleet as it is.
     helm(

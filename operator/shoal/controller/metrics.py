@@ -6,8 +6,8 @@ ServiceMonitor honours them, so they are not renamed to exported_namespace):
 - every Event it posts by type and reason, which counts what an operator of
   the fleet wants to see over time: restarts (`ReplicaRestarted`), warm-ups
   (`Warmed`, `WarmupTimedOut`, `WarmupHeld`), lost nodes (`NodeLost`),
-  refused specs (`InvalidSpec`); the reasons alerts watch start at 0 for each
-  cluster, so the first one is an increase Prometheus can see;
+  refused specs (`InvalidSpec`); the reasons alerts and the dashboard watch
+  start at 0 for each cluster, so the first one is an increase Prometheus can see;
 - per cluster, desired/ready/warm replicas and each condition's status and
   reason, as the last status written says (kube-state-metrics' style: one
   series per condition with value 1, for its current status and reason).
@@ -39,12 +39,13 @@ class ReplicaCount(StrEnum):
 
 # The status field each count reads (desired is the spec's, see observe_cluster).
 _STATUS_COUNTS = {ReplicaCount.READY: "readyReplicas", ReplicaCount.WARM: "warmReplicas"}
-# Reasons the chart's alerts compute increase() on: present at 0 from a
-# cluster's first pass, else the first Event makes a series that has no
-# earlier sample and increase() never sees it.
-ALERTED_REASONS = (
+# Reasons the chart's alerts and dashboard compute increase() on: present at
+# 0 from a cluster's first pass, else the first Event makes a series with no
+# earlier sample, which increase() never sees (and a panel shows no data).
+COUNTED_FROM_ZERO = (
     (EventType.WARNING, "ReplicaRestarted"),
     (EventType.WARNING, "WarmupTimedOut"),
+    (EventType.WARNING, "NodeLost"),
 )
 
 
@@ -118,7 +119,7 @@ class OperatorMetrics:
     def observe_cluster(self, key: ClusterKey, *, desired: int, status: Mapping[str, Any]) -> None:
         """The replica counts and conditions of the status just built."""
         seen = self._seen.setdefault(key, _Seen())
-        for event_type, reason in ALERTED_REASONS:
+        for event_type, reason in COUNTED_FROM_ZERO:
             if (str(event_type), reason) not in seen.events:
                 self._count_event(key, str(event_type), reason, by=0)
         self.replicas.labels(*key, ReplicaCount.DESIRED).set(desired)
@@ -149,4 +150,4 @@ class OperatorMetrics:
             self.conditions.remove(*key, kind, *current)
 
 
-__all__ = ["ALERTED_REASONS", "OperatorMetrics", "ReplicaCount"]
+__all__ = ["COUNTED_FROM_ZERO", "OperatorMetrics", "ReplicaCount"]

@@ -1,0 +1,437 @@
+"""The chart's monitoring read by a real Prometheus (hack/shoal_testbed/prometheus.py):
+the chart installed as README says with its ServiceMonitor, PodMonitor,
+PrometheusRule and NetworkPolicy on (the monitors validated by the API server
+against prometheus-operator's own CRDs), a two-replica simulator fleet under
+steady load through its router; one replica answers some requests 500 for a
+while (the router retries them elsewhere), then another hangs, so the
+operator restarts it.
+
+- Prometheus scrapes exactly what the monitors select: the operator, both
+  routers and both engines are targets and up, a pod that only looks like an
+  engine (component: engine, not managed by shoal) is not a target; the
+  VLLMCluster's name is the `vllmcluster` label.
+- The NetworkPolicy as rendered selects the fleet's engine pods and not the
+  look-alike, and admits the metrics scraper named in networkPolicy.metricsFrom
+  on the engines' http port. Nothing on this testbed enforces NetworkPolicy
+  (no CNI): this shows the policy admits the Prometheus it is configured for,
+  and that the engine targets are up with it in place, not that packets from
+  other pods are dropped.
+- The hung replica's restart fires ShoalReplicaRestarted in Prometheus.
+- Every expression of every dashboard panel, read from the dashboard JSON,
+  parses, returns series for the fleet, and has sane values for its unit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from shoal_testbed.cluster import REPO, Testbed, bin_dir
+from shoal_testbed.prometheus import Prometheus, selects
+from tests.e2e.kube import apply, get_json, wait_for
+from tests.e2e.operator_env import (
+    cluster_manifest,
+    delete_clusters,
+    install_crd,
+    router_url,
+    wait_ready,
+)
+from tests.e2e.test_warmup_gating import PROMPTS, SteadyLoad
+
+pytestmark = pytest.mark.e2e
+
+PATTERN = "shoal-mon"
+CHART = REPO / "charts" / "shoal"
+DASHBOARD = CHART / "dashboards" / "shoal.json"
+RELEASE = "shoal-mon"  # fullname too: jobs shoal-mon-metrics and <ns>/shoal-mon-fleets
+FLEET = "fleet"
+# The scraper the NetworkPolicy admits (values' networkPolicy.metricsFrom).
+SCRAPER_NAMESPACE = {"kubernetes.io/metadata.name": "monitoring"}
+SCRAPER_POD = {"app.kubernetes.io/name": "prometheus"}
+FAST_HEALTH = {
+    "periodSeconds": 1,
+    "canaryTimeoutSeconds": 1,
+    "failureThreshold": 2,
+    "restartBackoff": {"initialSeconds": 1, "maxSeconds": 2},
+}
+
+
+@dataclass(frozen=True)
+class Monitored:
+    system: str
+    apps: str
+    router: str
+
+
+def helm(bed: Testbed, *args: str) -> str:
+    result = subprocess.run(
+        [str(bin_dir() / "helm"), "--kubeconfig", str(bed.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def _values(apps: str) -> dict[str, Any]:
+    return {
+        "operator": {"watchNamespaces": [apps]},
+        "networkPolicy": {
+            "enabled": True,
+            "namespaces": [apps],
+            "metricsFrom": [
+                {
+                    "namespaceSelector": {"matchLabels": SCRAPER_NAMESPACE},
+                    "podSelector": {"matchLabels": SCRAPER_POD},
+                }
+            ],
+        },
+        "monitoring": {
+            "serviceMonitor": {"enabled": True, "interval": "2s"},
+            "podMonitor": {"enabled": True, "interval": "2s"},
+            "prometheusRule": {"enabled": True},
+        },
+    }
+
+
+def _look_alike(apps: str) -> dict[str, Any]:
+    """A pod labelled like an engine of the fleet but not made by shoal."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "not-shoal-engine",
+            "labels": {
+                "app.kubernetes.io/component": "engine",
+                "serving.shoal.dev/cluster": FLEET,
+            },
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "server",
+                    "image": "example.com/other-engine:1",
+                    "ports": [{"name": "http", "containerPort": 8000}],
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def monitored(
+    testbed: Testbed, prometheus: Prometheus, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Monitored]:
+    install_crd(testbed)
+    suffix = uuid.uuid4().hex[:6]
+    system, apps = f"{PATTERN}-sys-{suffix}", f"{PATTERN}-{suffix}"
+    testbed.kubectl("create", "namespace", apps)
+    wait_for(
+        lambda: testbed.kubectl("get", "serviceaccount", "default", "-n", apps, check=False),
+        what=f"default ServiceAccount in {apps}",
+    )
+    values = tmp_path_factory.mktemp("values") / "values.yaml"
+    values.write_text(yaml.safe_dump(_values(apps)))
+    try:
+        helm(
+            testbed,
+            *("install", RELEASE, str(CHART), "-n", system, "--create-namespace"),
+            *("-f", str(values), "--wait", "--timeout", "180s"),
+        )
+        apply(testbed, apps, _look_alike(apps))
+        manifest = cluster_manifest(
+            FLEET,
+            replicas=2,
+            engine={
+                "maxModelLen": 8192,
+                "extraArgs": ["--sim-time-scale", "50", "--sim-fault-api"],
+            },
+            warmup={"prompts": PROMPTS, "timeoutSeconds": 30},
+            health=FAST_HEALTH,
+        )
+        apply(testbed, apps, manifest)
+        wait_ready(testbed, apps, FLEET, 2, timeout=180)
+        url = router_url(testbed, apps, FLEET)
+        with SteadyLoad(url) as load:
+            wait_for(lambda: len(load.routed) >= 20, what="steady load flowing", timeout=60)
+            # The restart counter's 0 is scraped before the restart, so the
+            # alert sees an increase.
+            wait_for(
+                lambda: prometheus.query(
+                    f'shoal_operator_events_total{{reason="ReplicaRestarted", namespace="{apps}",'
+                    f' vllmcluster="{FLEET}"}} == 0'
+                ),
+                what="the restart counter at 0 in Prometheus",
+                timeout=90,
+                interval=1,
+            )
+            # Replica 0 answers a fifth of its requests 500 for a while: the
+            # router retries them elsewhere (the retries panel's data; the
+            # router exports no series for a reason before its first retry).
+            # Below spec.health.routerErrors' threshold (half), so no restart.
+            failing = get_json(testbed, "pod", f"{FLEET}-r0-0", "-n", apps)
+            faults = f"http://{failing['status']['podIP']}:8000/_sim/fault"
+            httpx.post(faults, json={"error_rate": 0.2}, timeout=5).raise_for_status()
+            wait_for(
+                lambda: prometheus.query(
+                    f'shoal_router_retries_total{{namespace="{apps}", vllmcluster="{FLEET}"}}'
+                ),
+                what="router retries in Prometheus",
+                timeout=60,
+                interval=1,
+            )
+            httpx.post(faults, json={"error_rate": 0}, timeout=5).raise_for_status()
+            hung = get_json(testbed, "pod", f"{FLEET}-r1-0", "-n", apps)
+            engine = f"http://{hung['status']['podIP']}:8000"
+            httpx.post(engine + "/_sim/fault", json={"hang": True}, timeout=5).raise_for_status()
+            yield Monitored(system=system, apps=apps, router=url)
+    finally:
+        delete_clusters(testbed, apps)
+        subprocess.run(
+            [
+                str(bin_dir() / "helm"),
+                f"--kubeconfig={testbed.kubeconfig}",
+                "uninstall",
+                RELEASE,
+                *("-n", system),
+            ],
+            capture_output=True,
+            timeout=120,
+        )
+        for ns in (apps, system):
+            testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+# ---- targets and labels
+
+
+def _is_engine(pod: str) -> bool:
+    return re.fullmatch(rf"{FLEET}-r\d+-\d+", pod) is not None
+
+
+def _targets(prometheus: Prometheus, fleet: Monitored) -> list[dict[str, Any]]:
+    jobs = {f"{RELEASE}-metrics", f"{fleet.system}/{RELEASE}-fleets"}
+    return [t for t in prometheus.targets() if t["labels"].get("job") in jobs]
+
+
+def test_prometheus_scrapes_the_operator_routers_and_engines_and_nothing_else(
+    testbed: Testbed, prometheus: Prometheus, monitored: Monitored
+) -> None:
+    def expected() -> set[str]:
+        pods = get_json(
+            testbed, "pods", "-n", monitored.apps, "-l", "app.kubernetes.io/managed-by=shoal"
+        )
+        operator = get_json(
+            testbed, "pods", "-n", monitored.system, "-l", "app.kubernetes.io/component=operator"
+        )
+        return {p["metadata"]["name"] for p in [*pods["items"], *operator["items"]]}
+
+    def all_up() -> dict[str, dict[str, Any]] | None:
+        found = {t["labels"]["pod"]: t for t in _targets(prometheus, monitored)}
+        healthy = all(t["health"] == "up" for t in found.values())
+        return found if healthy and set(found) == expected() else None
+
+    # The hung replica's new pods take a restart and a warm-up to answer.
+    found = wait_for(
+        all_up, what="exactly shoal's pods as targets, all up", timeout=180, interval=1
+    )
+    assert "not-shoal-engine" not in found
+    engines = [t for t in found.values() if _is_engine(t["labels"]["pod"])]
+    assert len(engines) == 2
+    for target in engines:
+        # The VLLMCluster's name under its own label; `cluster` left for the
+        # Kubernetes cluster's name that multi-cluster setups add.
+        assert target["labels"]["vllmcluster"] == FLEET
+        assert "cluster" not in target["labels"]
+        assert target["labels"]["namespace"] == monitored.apps
+    # The operator's series carry the cluster's namespace, not the operator's.
+    replicas = prometheus.query(
+        f'shoal_operator_cluster_replicas{{namespace="{monitored.apps}", vllmcluster="{FLEET}"}}'
+    )
+    assert {r["metric"]["state"]: float(r["value"][1]) for r in replicas}["desired"] == 2
+
+
+def _admits(
+    policy: Mapping[str, Any],
+    *,
+    namespace_labels: Mapping[str, str],
+    pod_labels: Mapping[str, str],
+    port: str,
+) -> bool:
+    """Whether a pod with these labels, in a namespace with these labels,
+    may reach a pod the policy selects on the named port (NetworkPolicy's
+    rules for peers in another namespace than the policy's)."""
+    for rule in policy["spec"].get("ingress") or []:
+        ports = rule.get("ports")
+        if ports and not any(p.get("port") == port for p in ports):
+            continue
+        for peer in rule.get("from") or []:
+            # A peer without namespaceSelector means the policy's own namespace.
+            if "namespaceSelector" not in peer:
+                continue
+            if selects(peer["namespaceSelector"], namespace_labels) and selects(
+                peer.get("podSelector") or {}, pod_labels
+            ):
+                return True
+    return False
+
+
+def test_the_network_policy_selects_only_shoals_engines_and_admits_the_configured_scraper(
+    testbed: Testbed, prometheus: Prometheus, monitored: Monitored
+) -> None:
+    policies = get_json(testbed, "networkpolicies", "-n", monitored.apps)["items"]
+    assert len(policies) == 1
+    policy = policies[0]
+    pods = get_json(testbed, "pods", "-n", monitored.apps)["items"]
+    selected = {
+        p["metadata"]["name"]
+        for p in pods
+        if selects(policy["spec"]["podSelector"], p["metadata"].get("labels") or {})
+    }
+    engines = {p["metadata"]["name"] for p in pods if _is_engine(p["metadata"]["name"])}
+    assert selected == engines, "the policy selects exactly the fleet's engines"
+    assert "not-shoal-engine" not in selected
+    assert _admits(policy, namespace_labels=SCRAPER_NAMESPACE, pod_labels=SCRAPER_POD, port="http")
+    assert not _admits(
+        policy,
+        namespace_labels={"kubernetes.io/metadata.name": "other"},
+        pod_labels=SCRAPER_POD,
+        port="http",
+    )
+    # With the policy in place (not enforced here), the engines' targets are up.
+    engine_targets = wait_for(
+        lambda: (
+            [
+                t
+                for t in _targets(prometheus, monitored)
+                if t["labels"]["pod"] in engines and t["health"] == "up"
+            ]
+            or None
+        ),
+        what="an engine target up",
+        timeout=120,
+        interval=1,
+    )
+    assert engine_targets
+
+
+# ---- alerts
+
+
+def test_a_hung_replicas_restart_fires_the_replica_restarted_alert(
+    prometheus: Prometheus, monitored: Monitored
+) -> None:
+    def firing() -> list[dict[str, Any]]:
+        return [
+            a
+            for a in prometheus.alerts()
+            if a["labels"]["alertname"] == "ShoalReplicaRestarted"
+            and a["labels"].get("namespace") == monitored.apps
+            and a["state"] == "firing"
+        ]
+
+    alerts = wait_for(firing, what="ShoalReplicaRestarted firing", timeout=150, interval=1)
+    assert alerts[0]["labels"]["vllmcluster"] == FLEET
+    assert alerts[0]["labels"]["severity"] == "warning"
+    assert f"{monitored.apps}/{FLEET}" in alerts[0]["annotations"]["summary"]
+
+
+# ---- the dashboard
+
+
+@dataclass(frozen=True)
+class PanelQuery:
+    panel: str
+    unit: str
+    legend: str
+    expr: str
+
+
+def dashboard_queries(
+    dashboard: Mapping[str, Any], *, namespace: str, cluster: str
+) -> list[PanelQuery]:
+    """Every panel target's expression, with the dashboard's variables set
+    to one namespace and one VLLMCluster."""
+    variables = {"namespace": namespace, "vllmcluster": cluster}
+    declared = {v["name"] for v in dashboard["templating"]["list"]} - {"datasource"}
+    assert declared == set(variables), f"dashboard variables {declared}: give each a test value"
+    found = []
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = re.sub(r"\$(\w+)", lambda m: variables[m.group(1)], target["expr"])
+            found.append(
+                PanelQuery(
+                    panel=panel["title"],
+                    unit=panel["fieldConfig"]["defaults"]["unit"],
+                    legend=target.get("legendFormat", ""),
+                    expr=expr,
+                )
+            )
+    return found
+
+
+def _insane(query: PanelQuery, values: list[float]) -> str | None:
+    """What is wrong with a panel's values for its unit, or None."""
+    if any(math.isnan(v) or math.isinf(v) for v in values):
+        return "NaN or infinite"
+    if any(v < 0 for v in values):
+        return "negative"
+    if query.panel.startswith("Circuit breaker state"):
+        return None if set(values) <= {0, 1, 2} else "not a breaker state"
+    if query.unit == "percentunit":
+        return None if all(v <= 1 for v in values) else "a ratio above 1"
+    if query.unit in ("s", "short", "reqps"):
+        return None
+    return f"no sanity check for unit {query.unit!r}: add one"
+
+
+def test_every_dashboard_panel_has_data_with_sane_values(
+    prometheus: Prometheus, monitored: Monitored
+) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    queries = dashboard_queries(dashboard, namespace=monitored.apps, cluster=FLEET)
+    assert len(queries) >= len(dashboard["panels"])
+    # The variables' own queries: label_values(vllm:num_requests_running, ...).
+    assert prometheus.query(
+        f'count by (vllmcluster) (vllm:num_requests_running{{namespace="{monitored.apps}"}})'
+    )
+
+    def results() -> dict[PanelQuery, list[dict[str, Any]]] | None:
+        # One instant for every query, so p50 and p99 read the same data.
+        at = time.time()
+        found = {q: prometheus.query(q.expr, at=at) for q in queries}  # raises on a parse error
+        return found if all(found.values()) else None
+
+    try:
+        found = wait_for(results, what="every panel with data", timeout=150, interval=2)
+    except TimeoutError:
+        empty = [
+            f"{q.panel} [{q.legend}]: {q.expr}" for q in queries if not prometheus.query(q.expr)
+        ]
+        raise AssertionError("panels without data:\n" + "\n".join(empty)) from None
+    problems = []
+    for query, series in found.items():
+        values = [float(s["value"][1]) for s in series]
+        if (problem := _insane(query, values)) is not None:
+            problems.append(f"{query.panel} [{query.legend}] {problem}: {values}")
+    assert not problems, "\n".join(problems)
+    # Latency quantiles in order within each panel (same instant, same data).
+    by_panel: dict[str, dict[str, float]] = {}
+    for query, series in found.items():
+        if query.legend in ("p50", "p99"):
+            by_panel.setdefault(query.panel, {})[query.legend] = float(series[0]["value"][1])
+    assert by_panel, "no latency panels found"
+    for panel, quantiles in by_panel.items():
+        assert quantiles["p50"] <= quantiles["p99"], f"{panel}: p50 above p99: {quantiles}"
