@@ -28,6 +28,7 @@ from shoal.router.hot import HotPrefixes
 from shoal.router.keys import KeyFile
 from shoal.router.metrics import RouterMetrics
 from shoal.router.proxy import Proxy
+from shoal.router.routes import register as register_routes
 from shoal.router.scrape import Scraper
 
 log = logging.getLogger("shoal.router")
@@ -206,19 +207,17 @@ class Router:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
         app.on_response_prepare.append(drop_server_header)
-        app.router.add_post("/v1/completions", self.proxy.handle)
-        app.router.add_post("/v1/chat/completions", self.proxy.handle)
-        # The completions handler has its own catch-all (it also stamps the
+        # Every engine route the router proxies or refuses (router/routes.py).
+        # The proxy's handler has its own catch-all (it also stamps the
         # request id); the others are guarded here.
+        register_routes(app, proxied=self.proxy.handle)
         app.router.add_get("/v1/models", guarded(self.models))
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", guarded(self.ready))
         app.router.add_get("/metrics", guarded(self.metrics_endpoint))
         # Routes of their own rather than a middleware (which would cost every
         # request a call): what aiohttp would answer in plain text, as
-        # OpenAI-shaped errors.
-        for path in ("/v1/completions", "/v1/chat/completions"):
-            app.router.add_route("*", path, _method_not_allowed)
+        # OpenAI-shaped errors (the proxied paths' 405s come with them).
         app.router.add_route("*", "/{tail:.*}", _not_found)
         return app
 
@@ -230,10 +229,6 @@ class Router:
 
 async def _not_found(_: web.Request) -> web.Response:
     return error_response(404, "Not found.")
-
-
-async def _method_not_allowed(_: web.Request) -> web.Response:
-    return error_response(405, "Method not allowed.", headers={"Allow": "POST"})
 
 
 async def serve(router: Router, *, host: str, port: int) -> None:

@@ -29,8 +29,10 @@ from shoal.router.hold import HeldRequests
 from shoal.router.hot import HotPrefixes
 from shoal.router.metrics import RouterMetrics
 from shoal.router.policy import Choice, Chooser, RequestFacts
-from shoal.router.prefix import PrefixKey, hash_text, prefix_key, render_prompt, request_facts
+from shoal.router.prefix import PrefixKey, hash_text, prefix_key, request_facts
 from shoal.router.relay import ChunkRelay
+from shoal.router.routes import Refusal, route_of
+from shoal.router.routes import plan as plan_request
 from shoal.router.upstream import Exchange, Pool, UpstreamError, request_head
 
 log = logging.getLogger("shoal.router")
@@ -226,24 +228,38 @@ class Proxy:
             )
             slow.force_close()  # the rest of the body would pass for a request
             return slow
-        body, problem = _parse_body(raw)
+        route = route_of(request)  # how this path is routed (router/routes.py)
+        body, problem = _parse_body(raw) if route.body else ({}, None)
         if body is None:
             self.metrics.rejected.labels("bad_request").inc()
             return error_response(400, problem or "Invalid request.", param="body")
+        plan = plan_request(
+            route,
+            body,
+            match=request.match_info,
+            query=request.query,
+            replica_ids=self.fleet.replicas.keys(),
+        )
+        if isinstance(plan, Refusal):
+            return plan.response()
 
-        prompt = render_prompt(body)
+        prompt = plan.text
         decision_start = time.perf_counter()
-        key = prefix_key(
-            prompt,
-            block_chars=self.config.thresholds.prefix_block_chars,
-            max_blocks=self.config.thresholds.max_prefix_blocks,
+        key = (
+            prefix_key(
+                prompt,
+                block_chars=self.config.thresholds.prefix_block_chars,
+                max_blocks=self.config.thresholds.max_prefix_blocks,
+            )
+            if plan.cache_aware
+            else PrefixKey(hashes=[], blocks=0)
         )
         facts = request_facts(prompt, key, self.config, session_key=_session_key(request, body))
         decision_seconds = time.perf_counter() - decision_start
-        if self.hot is not None:
-            self.hot.observe(prompt, key, body)
+        if self.hot is not None and plan.hot_body is not None:
+            self.hot.observe(prompt, key, plan.hot_body)
 
-        stream = bool(body.get("stream"))
+        stream = plan.stream
         identity = self._identity(request, request_id)
         tried: set[str] = set()
         # A replica's 5xx, held until another replica's answer says whose it
@@ -259,6 +275,8 @@ class Proxy:
         try:
             for attempt in range(attempts):
                 t0 = time.perf_counter()
+                # A pinned request (stored state) counts the others as tried.
+                tried |= plan.excluded(self.fleet.replicas.keys())
                 choice, anyone = self.fleet.decide(
                     self.chooser, key, facts, exclude=frozenset(tried)
                 )
@@ -286,7 +304,7 @@ class Proxy:
                     response = await self._forward(
                         request,
                         replica,
-                        raw,
+                        plan.payload(raw, replica.id),
                         request_id=request_id,
                         identity=identity,
                         stream=stream,
@@ -429,8 +447,9 @@ class Proxy:
                 async with asyncio.timeout_at(first_byte_by):
                     exchange, status, headers = await self._send(
                         replica,
-                        request.rel_url.raw_path,
+                        request.rel_url.raw_path_qs,
                         raw,
+                        method=request.method,
                         identity=identity,
                         on_first=prefilled,
                     )
@@ -509,13 +528,14 @@ class Proxy:
         path: str,
         raw: bytes,
         *,
+        method: str = "POST",
         identity: bytes,
         on_first: Callable[[], None],
     ) -> tuple[Exchange, int, CIMultiDict[str]]:
         """Send the request and wait for the answer's status and headers."""
         address = self.pool.address(replica.endpoint.url)
         head = request_head(
-            b"POST", address.base + path.encode(), address, len(raw), extra=identity
+            method.encode(), address.base + path.encode(), address, len(raw), extra=identity
         )
         while True:
             exchange = await self.pool.open(address)

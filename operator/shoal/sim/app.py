@@ -18,6 +18,7 @@ from aiohttp import web
 
 from shoal.sim import protocol as api
 from shoal.sim import responses as wire
+from shoal.sim.apis_app import SCALE_OUT_PATHS, OtherApis
 from shoal.sim.engine import Engine, EngineDeadError, RequestStream
 from shoal.sim.faults import FAULT_PATH
 from shoal.sim.metrics import HTTP_EXCLUDED
@@ -53,6 +54,14 @@ class EngineApp:
         r.add_post("/detokenize", self.detokenize)
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat_completions)
+        other = OtherApis(self)
+        r.add_post("/v1/responses", other.create_response)
+        r.add_get("/v1/responses/{response_id}", other.retrieve_response, allow_head=False)
+        r.add_post("/v1/responses/{response_id}/cancel", other.cancel_response)
+        r.add_post("/v1/messages", other.messages)
+        r.add_post("/v1/messages/count_tokens", other.count_tokens)
+        for path in SCALE_OUT_PATHS:
+            r.add_post(path, other.scale_out)
         if self.config.fault_api:
             r.add_route("*", FAULT_PATH, self.fault)
         app.on_response_prepare.append(self._uvicorn_headers)
@@ -211,25 +220,7 @@ class EngineApp:
             )
         body = api.parse_body(raw)
         gen = api.parse_generation(body, self.view, chat=chat)
-        engine = self.engine
-        rate = engine.faults.error_rate
-        if engine.dead:
-            raise api.ApiError(500, EngineDeadError.MESSAGE, err_type="EngineDeadError")
-        if rate and engine.error_rng.random() < rate:
-            raise api.ApiError(
-                500, "Simulated engine error (--sim-error-rate)", err_type="InternalServerError"
-            )
-        streams = [
-            engine.submit(
-                prompt_ids=list(prompt),
-                max_tokens=gen.max_tokens,
-                seed=gen.seed,
-                ignore_eos=gen.ignore_eos,
-                choice=k,
-            )
-            for prompt in gen.prompts
-            for k in range(gen.n)
-        ]
+        streams = self._submit(gen)
         self.in_flight += 1
         try:
             if gen.stream:
@@ -241,6 +232,28 @@ class EngineApp:
             self.in_flight -= 1
             for stream in streams:
                 stream.abort()  # a no-op once finished; frees KV if the client left
+
+    def _submit(self, gen: api.GenerationRequest) -> list[RequestStream]:
+        """The request's sequences, started (or the engine's failure)."""
+        engine = self.engine
+        rate = engine.faults.error_rate
+        if engine.dead:
+            raise api.ApiError(500, EngineDeadError.MESSAGE, err_type="EngineDeadError")
+        if rate and engine.error_rng.random() < rate:
+            raise api.ApiError(
+                500, "Simulated engine error (--sim-error-rate)", err_type="InternalServerError"
+            )
+        return [
+            engine.submit(
+                prompt_ids=list(prompt),
+                max_tokens=gen.max_tokens,
+                seed=gen.seed,
+                ignore_eos=gen.ignore_eos,
+                choice=k,
+            )
+            for prompt in gen.prompts
+            for k in range(gen.n)
+        ]
 
     async def _complete(
         self, gen: api.GenerationRequest, streams: list[RequestStream]
