@@ -40,7 +40,9 @@ class RouterMetrics:
         )
         self.ttft = Histogram(
             "shoal_router_upstream_ttft_seconds",
-            "Time from sending upstream to the first response byte.",
+            "Time from sending a streamed request upstream to its first token (the first "
+            "bytes of the answer's body; its headers come before the prefill). Not observed "
+            "for answers that are not streamed, which come whole.",
             ["replica"],
             buckets=_LATENCY,
             registry=r,

@@ -432,6 +432,13 @@ class Proxy:
             if pending:
                 self.fleet.prefilled(replica, pending.pop())
 
+        def first_output(status: int) -> None:
+            if stream and status == 200:
+                # A stream's first body bytes carry its first token; its
+                # headers come before the prefill (from vLLM as from the sim).
+                series.ttft.observe(time.perf_counter() - sent_at)
+            prefilled()
+
         self.inflight += 1
         series.inflight.set(replica.inflight)
         sent_at = time.perf_counter()
@@ -451,7 +458,7 @@ class Proxy:
                         raw,
                         method=request.method,
                         identity=identity,
-                        on_first=prefilled,
+                        on_first=first_output,
                     )
             except TimeoutError as error:
                 verdict = Outcome.FAILED
@@ -461,7 +468,6 @@ class Proxy:
                 verdict = Outcome.FAILED
                 series.requests(502).inc()
                 raise UpstreamFailed("connect_error") from error
-            series.ttft.observe(time.perf_counter() - sent_at)
             if status >= 500:
                 try:
                     answer = await self._whole(exchange, status, headers, deadline=deadline)
@@ -530,7 +536,7 @@ class Proxy:
         *,
         method: str = "POST",
         identity: bytes,
-        on_first: Callable[[], None],
+        on_first: Callable[[int], None],
     ) -> tuple[Exchange, int, CIMultiDict[str]]:
         """Send the request and wait for the answer's status and headers."""
         address = self.pool.address(replica.endpoint.url)

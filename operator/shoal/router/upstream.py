@@ -71,7 +71,8 @@ class Exchange(asyncio.Protocol):
         self._headers: list[tuple[bytes, bytes]] = []
         self._held: list[bytes] = []
         self._sink: Sink | None = None
-        self._on_first: Callable[[], None] | None = None
+        self._on_first: Callable[[int], None] | None = None
+        self._status = 0
         self._busy = False  # a request was sent, its answer not yet whole
         self._stray = False  # an answer came that no request asked for
         self._answered = False
@@ -80,7 +81,9 @@ class Exchange(asyncio.Protocol):
         self._until_eof = False
 
     # ---- caller side
-    def send(self, data: bytes, *, on_first: Callable[[], None] | None = None) -> None:
+    def send(self, data: bytes, *, on_first: Callable[[int], None] | None = None) -> None:
+        """Send a request; `on_first` gets the answer's status with its first
+        body bytes."""
         assert self.transport is not None
         self._on_first = on_first
         self._busy = True
@@ -188,6 +191,7 @@ class Exchange(asyncio.Protocol):
         self._until_eof = not any(
             name.lower() in (b"content-length", b"transfer-encoding") for name, _ in self._headers
         )
+        self._status = status
         if not self.head.done():
             self.head.set_result((status, self._headers))
 
@@ -196,7 +200,7 @@ class Exchange(asyncio.Protocol):
             return
         if self._on_first is not None:
             on_first, self._on_first = self._on_first, None
-            on_first()
+            on_first(self._status)
         sink = self._sink
         if sink is None:
             self._held.append(chunk)
