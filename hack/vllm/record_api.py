@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -34,133 +33,14 @@ from shoal.procs import HOST, free_port, start, wait_http
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from tests.api_exchanges import EXCHANGES  # noqa: E402
 from tests.integration.sim_proc import SERVE_ARGS  # noqa: E402
-
-SYSTEM = "You are a terse assistant that answers in one word."
-USER = "Name a colour of the sky."
-
-
-def exchanges(base: str) -> list[tuple[str, str, str, dict[str, Any] | None]]:
-    """(name, method, path, body) in the order sent; `{id}` is the first response's id."""
-    messages = [{"role": "user", "content": USER}]
-    return [
-        (
-            "responses",
-            "POST",
-            "/v1/responses",
-            {
-                "model": "tiny",
-                "instructions": SYSTEM,
-                "input": USER,
-                "max_output_tokens": 4,
-                "temperature": 0,
-            },
-        ),
-        (
-            "responses.stream",
-            "POST",
-            "/v1/responses",
-            {
-                "model": "tiny",
-                "input": USER,
-                "max_output_tokens": 4,
-                "temperature": 0,
-                "stream": True,
-            },
-        ),
-        ("responses.retrieve", "GET", "/v1/responses/{id}", None),
-        (
-            "responses.previous",
-            "POST",
-            "/v1/responses",
-            {
-                "model": "tiny",
-                "input": "And of grass?",
-                "previous_response_id": "{id}",
-                "max_output_tokens": 4,
-                "temperature": 0,
-            },
-        ),
-        ("responses.cancel_done", "POST", "/v1/responses/{id}/cancel", None),
-        ("error.responses_unknown_id", "GET", "/v1/responses/resp_nope", None),
-        (
-            "error.responses_unknown_previous",
-            "POST",
-            "/v1/responses",
-            {
-                "model": "tiny",
-                "input": USER,
-                "previous_response_id": "resp_nope",
-                "max_output_tokens": 4,
-            },
-        ),
-        (
-            "error.responses_unknown_model",
-            "POST",
-            "/v1/responses",
-            {"model": "nope", "input": USER},
-        ),
-        (
-            "messages",
-            "POST",
-            "/v1/messages",
-            {
-                "model": "tiny",
-                "system": SYSTEM,
-                "messages": messages,
-                "max_tokens": 4,
-                "temperature": 0,
-            },
-        ),
-        (
-            "messages.stream",
-            "POST",
-            "/v1/messages",
-            {
-                "model": "tiny",
-                "system": SYSTEM,
-                "messages": messages,
-                "max_tokens": 4,
-                "temperature": 0,
-                "stream": True,
-            },
-        ),
-        (
-            "messages.count_tokens",
-            "POST",
-            "/v1/messages/count_tokens",
-            {"model": "tiny", "system": SYSTEM, "messages": messages},
-        ),
-        (
-            "error.messages_unknown_model",
-            "POST",
-            "/v1/messages",
-            {"model": "nope", "messages": messages, "max_tokens": 4},
-        ),
-        (
-            "error.messages_no_max_tokens",
-            "POST",
-            "/v1/messages",
-            {"model": "tiny", "messages": messages},
-        ),
-        ("tokenize.chat", "POST", "/tokenize", {"model": "tiny", "messages": messages}),
-        ("detokenize", "POST", "/detokenize", {"model": "tiny", "tokens": [329, 312, 324]}),
-        (
-            "chat.render",
-            "POST",
-            "/v1/chat/completions/render",
-            {"model": "tiny", "messages": [{"role": "system", "content": SYSTEM}, *messages]},
-        ),
-        ("completions.render", "POST", "/v1/completions/render", {"model": "tiny", "prompt": USER}),
-        ("error.embeddings", "POST", "/v1/embeddings", {"model": "tiny", "input": USER}),
-        ("error.unknown_path", "POST", "/v1/nope", {"model": "tiny"}),
-    ]
 
 
 def record(base: str, out: Path) -> None:
     first_id = ""
     with httpx.Client(base_url=base, timeout=120) as client:
-        for name, method, path, body in exchanges(base):
+        for name, method, path, body in EXCHANGES:
             text = json.dumps(body) if body is not None else None
             if first_id:
                 path = path.replace("{id}", first_id)

@@ -170,7 +170,8 @@ class ResponseDraft:
         }
 
     def _event(self, kind: str, fields: JsonDict) -> bytes:
-        payload = {**fields, "sequence_number": self.sequence, "type": kind}
+        # vLLM's event models list their fields in alphabetical order.
+        payload = dict(sorted({**fields, "sequence_number": self.sequence, "type": kind}.items()))
         self.sequence += 1
         return f"event: {kind}\ndata: {dumps(payload)}\n\n".encode()
 
