@@ -48,6 +48,11 @@ _METRICS = (
     b'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.0\n'
 )
 _DONE = b"data: [DONE]\n\n"
+# What a vLLM engine lists: the peer routers find their workers' model (and,
+# smg, the backend's kind from owned_by) here before they route to them.
+_MODELS = json.dumps(
+    {"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "vllm"}]}
+).encode()
 
 
 def build_app(*, chunks: int, interval: float) -> web.Application:
@@ -78,10 +83,14 @@ def build_app(*, chunks: int, interval: float) -> web.Application:
     async def health(_: web.Request) -> web.Response:
         return web.Response()
 
+    async def models(_: web.Request) -> web.Response:
+        return web.Response(body=_MODELS, content_type="application/json")
+
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
     return app
 
 

@@ -52,7 +52,7 @@ def results_table(
     if len(rates) > 1:
         lead.append("rate")
     for name in lead:
-        table.add_column(name)
+        table.add_column(name, no_wrap=True)  # peer policies have long names
     for title_, _, _ in _COLUMNS:
         table.add_column(title_, justify="right")
     group_columns = _group_columns(results)
