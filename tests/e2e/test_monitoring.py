@@ -2,9 +2,9 @@
 the chart installed as README says with its ServiceMonitor, PodMonitor,
 PrometheusRule and NetworkPolicy on (the monitors validated by the API server
 against prometheus-operator's own CRDs), a two-replica simulator fleet under
-steady load through its router; one replica answers some requests 500 for a
-while (the router retries them elsewhere), then another hangs, so the
-operator restarts it.
+steady load through its router; the replicas answer some requests 500 for a
+while (the router retries them elsewhere), then one hangs, so the operator
+restarts it.
 
 - Prometheus scrapes exactly what the monitors select: the operator, both
   routers and both engines are targets and up, a pod that only looks like an
@@ -177,13 +177,15 @@ def monitored(
                 timeout=90,
                 interval=1,
             )
-            # Replica 0 answers a fifth of its requests 500 for a while: the
-            # router retries them elsewhere (the retries panel's data; the
-            # router exports no series for a reason before its first retry).
-            # Below spec.health.routerErrors' threshold (half), so no restart.
-            failing = get_json(testbed, "pod", f"{FLEET}-r0-0", "-n", apps)
-            faults = f"http://{failing['status']['podIP']}:8000/_sim/fault"
-            httpx.post(faults, json={"error_rate": 0.2}, timeout=5).raise_for_status()
+            # Every replica answers a fifth of its requests 500 for a while
+            # (whichever the router prefers): it retries them elsewhere, the
+            # retries panel's data (the router exports no series for a reason
+            # before its first retry). Below spec.health.routerErrors'
+            # threshold (half), so no restart.
+            engines = [get_json(testbed, "pod", f"{FLEET}-r{i}-0", "-n", apps) for i in range(2)]
+            faults = [f"http://{e['status']['podIP']}:8000/_sim/fault" for e in engines]
+            for url_of_faults in faults:
+                httpx.post(url_of_faults, json={"error_rate": 0.2}, timeout=5).raise_for_status()
             wait_for(
                 lambda: prometheus.query(
                     f'shoal_router_retries_total{{namespace="{apps}", vllmcluster="{FLEET}"}}'
@@ -192,7 +194,8 @@ def monitored(
                 timeout=60,
                 interval=1,
             )
-            httpx.post(faults, json={"error_rate": 0}, timeout=5).raise_for_status()
+            for url_of_faults in faults:
+                httpx.post(url_of_faults, json={"error_rate": 0}, timeout=5).raise_for_status()
             hung = get_json(testbed, "pod", f"{FLEET}-r1-0", "-n", apps)
             engine = f"http://{hung['status']['podIP']}:8000"
             httpx.post(engine + "/_sim/fault", json={"hang": True}, timeout=5).raise_for_status()
