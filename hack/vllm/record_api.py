@@ -18,7 +18,6 @@ Streamed answers are kept as the bytes came.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -26,33 +25,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-import httpx
-
 from shoal.procs import HOST, free_port, start, wait_http
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.api_exchanges import EXCHANGES  # noqa: E402
+from tests.api_exchanges import send_all  # noqa: E402
 from tests.integration.sim_proc import SERVE_ARGS  # noqa: E402
 
 
 def record(base: str, out: Path) -> None:
-    first_id = ""
-    with httpx.Client(base_url=base, timeout=120) as client:
-        for name, method, path, body in EXCHANGES:
-            text = json.dumps(body) if body is not None else None
-            if first_id:
-                path = path.replace("{id}", first_id)
-                text = text.replace("{id}", first_id) if text else None
-            headers = {"Content-Type": "application/json"} if text else {}
-            response = client.request(method, path, content=text, headers=headers)
-            if name == "responses":
-                first_id = response.json()["id"]
-            (out / f"api.{name}.txt").write_text(
-                f"{response.text}\n\nHTTP {response.status_code}\n"
-            )
-            print(f"{name}: {response.status_code}")
+    for name, response in send_all(base).items():
+        (out / f"api.{name}.txt").write_text(f"{response.text}\n\nHTTP {response.status_code}\n")
+        print(f"{name}: {response.status_code}")
 
 
 def main() -> None:

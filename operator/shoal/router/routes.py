@@ -109,6 +109,8 @@ ROUTES: tuple[Route, ...] = (
           note="where one engine publishes KV events, for a router subscribing to each engine"),
     Route(method="GET", path="/ping", routing=Routing.REFUSED,
           note="SageMaker's container protocol: /health is the router's liveness"),
+    Route(method="POST", path="/ping", routing=Routing.REFUSED,
+          note="SageMaker's container protocol: /health is the router's liveness"),
     Route(method="POST", path="/invocations", routing=Routing.REFUSED,
           note="SageMaker's container protocol: call the API routes themselves"),
     Route(method="POST", path="/scale_elastic_ep", routing=Routing.REFUSED, note=_ONE_ENGINE),

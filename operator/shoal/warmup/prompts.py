@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.engine import endpoints
+from shoal.router.shapes import Shape, chat_form
 
 MAX_PROMPT_CHARS = 64 * 1024
 
@@ -41,11 +42,18 @@ class Prompt:
 
 
 def from_object(item: Any) -> Prompt:
-    """A prompt from `{"prompt": ...}`, `{"text": ...}` or `{"messages": [...]}`."""
+    """A prompt from `{"prompt": ...}`, `{"text": ...}`, `{"messages": [...]}`, a
+    Responses request (`instructions`, `input`) or a Messages one (`system`,
+    `messages`)."""
     if isinstance(item, str):
         return Prompt(text=item)
     if not isinstance(item, dict):
         raise ValueError(f"a warm-up prompt must be a string or an object, not {item!r:.60}")
+    if "input" in item or "system" in item:
+        # A Responses or Messages request: the engine renders it with the chat
+        # template, so its chat form warms the cache those requests hit.
+        shape = Shape.RESPONSES if "input" in item else Shape.MESSAGES
+        item = chat_form(shape, item) or {}
     if "messages" in item and item["messages"] is not None:
         messages = item["messages"]
         if not isinstance(messages, list) or not messages:
