@@ -216,6 +216,69 @@ def prepare(
     return relocate(argv, mounts, root), env, dropped
 
 
+@dataclass(frozen=True)
+class HostMount:
+    """A hostPath volume, or a claim bound to a hostPath or local
+    PersistentVolume: a directory of this machine, which every pod shares as
+    kubelet's bind mounts do (a restarted pod finds its files there)."""
+
+    path: str  # mountPath in the container
+    host: str  # the directory on this machine
+
+
+def host_volume_mounts(pod: Pod, container: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(mountPath, volume) of the container's hostPath and claim volumes."""
+    volumes = {v.get("name"): v for v in pod.get("spec", {}).get("volumes", [])}
+    found = []
+    for mount in container.get("volumeMounts", []):
+        volume = volumes.get(mount.get("name"), {})
+        if "hostPath" in volume or "persistentVolumeClaim" in volume:
+            found.append((str(mount["mountPath"]), {**volume, "subPath": mount.get("subPath", "")}))
+    return found
+
+
+def host_mounts(
+    api: client.CoreV1Api, pod: Pod, container: dict[str, Any]
+) -> tuple[HostMount, ...]:
+    """The container's host directories; a claim not bound to a hostPath or
+    local volume is left out (nothing here could hold its files)."""
+    namespace = pod["metadata"]["namespace"]
+    mounts = []
+    for path, volume in host_volume_mounts(pod, container):
+        host: str | None = None
+        if "hostPath" in volume:
+            host = str(volume["hostPath"]["path"])
+            if volume["hostPath"].get("type") == "DirectoryOrCreate":
+                Path(host).mkdir(parents=True, exist_ok=True)
+        else:
+            claim = api.read_namespaced_persistent_volume_claim(
+                volume["persistentVolumeClaim"]["claimName"], namespace
+            )
+            volume_name = claim.spec.volume_name if claim.spec is not None else None
+            if volume_name:
+                bound = api.read_persistent_volume(volume_name).spec
+                source = (bound.host_path or bound.local) if bound is not None else None
+                host = source.path if source is not None else None
+        if host is not None:
+            mounts.append(HostMount(path=path, host=str(Path(host) / volume["subPath"])))
+    return tuple(mounts)
+
+
+def relocate_to_host(argv: list[str], mounts: tuple[HostMount, ...]) -> list[str]:
+    """Arguments naming a path under a host mount name it on this machine."""
+    moved = []
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        target = value if eq else arg
+        for mount in mounts:
+            base = mount.path.rstrip("/")
+            if target == base or target.startswith(base + "/"):
+                target = mount.host.rstrip("/") + target[len(base) :]
+                break
+        moved.append(f"{flag}={target}" if eq else target)
+    return moved
+
+
 class ConfigError(Exception):
     """What kubelet reports as CreateContainerConfigError."""
 

@@ -306,6 +306,7 @@ class PodRunner:
                     mounts=launch.mounts,
                     root=self._pod_root(pod),
                 )
+            argv = podfs.relocate_to_host(argv, podfs.host_mounts(self.api, pod, spec))
             env = {
                 **{k: v for k, v in os.environ.items() if k not in dropped},
                 **referenced,

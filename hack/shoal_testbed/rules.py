@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from shoal_testbed.podfs import Mount, config_mounts
+from shoal_testbed.podfs import Mount, config_mounts, host_volume_mounts
 from shoal_testbed.podspec import Pod, command_line, container, container_env
 
 RUN_ANNOTATION = "testbed.shoal.dev/run"
@@ -76,8 +76,18 @@ def vllm_engine(pod: Pod) -> Launch | None:
                 return None  # some other program in a vLLM image: not ours to fake
         pod_ip = str(pod.get("status", {}).get("podIP", ""))
         argv = [sys.executable, "-m", "shoal.cli", "sim", *args, "--host", pod_ip]
+        if args and _on_host_volume(args[0], pod, spec):
+            # A model on a volume is loaded from its files, as vLLM would.
+            argv.append("--sim-load-model")
         return Launch(argv=argv, env=env, container=spec["name"], image=str(spec["image"]))
     return None
+
+
+def _on_host_volume(path: str, pod: Pod, spec: dict[str, object]) -> bool:
+    return any(
+        path == base or path.startswith(base.rstrip("/") + "/")
+        for base, _ in host_volume_mounts(pod, dict(spec))
+    )
 
 
 def is_shoal_image(image: str) -> bool:

@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "shoal.planner.cli",
         "capacity planner: does a layout fit? (weights, KV, concurrency)",
     ),
+    "download": (
+        "shoal.download.cli",
+        "download a Hugging Face model into a directory (the model cache's Job)",
+    ),
     "crd": ("shoal.api.cli", "write the VLLMCluster CRD from the API models"),
     "bench": ("shoal.bench.cli", "seeded workloads against an OpenAI URL (needs shoal[bench])"),
     "check": ("shoal.check", "what `helm test` runs: operator up, API served"),

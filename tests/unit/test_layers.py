@@ -26,6 +26,7 @@ CLIENTS = ("kopf", "aiohttp", "httpx", "kr8s", "kubernetes")
 
 PURE_CONTROLLER = (
     "autoscale",
+    "cache",
     "decide",
     "desired",
     "engine",
@@ -43,6 +44,7 @@ PURE_CONTROLLER = (
 IO_CONTROLLER = (
     "cli",
     "context",
+    "downloads",
     "handlers",
     "healthloop",
     "kube",

@@ -254,6 +254,20 @@ RULES: tuple[CelRule, ...] = (
         field_path=".maxNumBatchedTokens",
     ),
     CelRule(
+        rule="cache-one-of",
+        location="model.cache",
+        expression="has(self.shared) != has(self.node)",
+        message="spec.model.cache: give exactly one of shared or node",
+    ),
+    CelRule(
+        rule="cache-needs-hub",
+        location="model",
+        expression="!has(self.cache) || !has(self.source) || !has(self.source.pvc)",
+        message="spec.model.cache: a model on a PersistentVolumeClaim is not downloaded: "
+        "remove spec.model.cache or load from the Hub (spec.model.source.hf)",
+        field_path=".cache",
+    ),
+    CelRule(
         rule="managed-flags",
         location="engine.extraArgs",
         expression=f"self.all(arg, !arg.matches('{_MANAGED}'))",

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field
 
 from shoal.api.autoscaling import AutoscalingSpec
+from shoal.api.cache import ModelCache
 from shoal.api.pods import (
     PASS_THROUGH,
     KubeObject,
@@ -158,6 +159,12 @@ class ModelSpec(ApiModel):
     architecture: ModelArchitecture | None = Field(
         default=None,
         description="The model's shape for capacity planning and the tensor-parallel checks.",
+    )
+    cache: ModelCache | None = Field(
+        default=None,
+        description="Keep downloaded weights once per cluster (shared) or per node (node), "
+        "so restarts and rollouts do not download again. Default: each pod downloads "
+        "into its own emptyDir.",
     )
 
 
@@ -561,6 +568,14 @@ class VLLMClusterSpec(ApiModel):
         le=MAX_REPLICAS,
         description="Data-parallel replicas: independent engines, each with its own copy of "
         "the weights and its own KV cache. `kubectl scale` changes this.",
+    )
+    min_available: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="Replicas that must be serving for the Available condition (at most "
+        "spec.replicas are asked for): what `kubectl wait --for=condition=Available` and "
+        "GitOps health checks wait for, while Ready waits for every replica.",
     )
     parallelism: Parallelism = Field(default_factory=Parallelism)
     gpu: GPUSpec = Field(default_factory=GPUSpec)

@@ -16,6 +16,7 @@ from shoal.schema.model import ApiModel
 
 class ConditionType(StrEnum):
     READY = "Ready"
+    AVAILABLE = "Available"
     PROGRESSING = "Progressing"
     DEGRADED = "Degraded"
     SPEC_VALID = "SpecValid"
@@ -47,6 +48,8 @@ class ReplicaState(StrEnum):
     IMAGE_PULL_FAILING = "ImagePullFailing"
     # Its container cannot be created: a Secret or ConfigMap (key) it needs is missing.
     MISCONFIGURED = "Misconfigured"
+    # Not started yet: the shared model cache's download Job has not completed.
+    DOWNLOADING = "Downloading"
 
 
 # metav1.Condition's reason: CamelCase, as apimachinery validates it.
@@ -58,7 +61,8 @@ class Condition(ApiModel):
 
     type: str = Field(
         max_length=316,
-        description="Ready (serving through the router), Progressing (a rollout or scale is "
+        description="Ready (every replica serving through the router), Available (at "
+        "least spec.minAvailable replicas serving through the router), Progressing (a rollout or scale is "
         "under way), Degraded (replicas failing or past their restart budget) or SpecValid.",
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
@@ -103,8 +107,9 @@ class ReplicaStatus(ApiModel):
     index: int = Field(ge=0, description="Replica index i (StatefulSet <cluster>-r<i>).")
     state: ReplicaState = Field(
         description="Starting, Warming, Serving, Unhealthy, Restarting, Draining, Held, "
-        "CrashLooping (its engine keeps exiting), ImagePullFailing or Misconfigured (a "
-        "Secret or ConfigMap it needs is missing)."
+        "CrashLooping (its engine keeps exiting), ImagePullFailing, Misconfigured (a "
+        "Secret or ConfigMap it needs is missing) or Downloading (waiting for the model "
+        "cache's download Job)."
     )
     pods: list[str] = Field(default_factory=list, max_length=1024, description="Its pods.")
     nodes: list[str] = Field(default_factory=list, max_length=1024, description="Their nodes.")
@@ -177,7 +182,7 @@ class VLLMClusterStatus(ApiModel):
         default_factory=list,
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-        description="Ready, Progressing, Degraded and SpecValid.",
+        description="Ready, Available, Progressing, Degraded and SpecValid.",
     )
     capacity: CapacityStatus | None = Field(
         default=None, description="Estimated and measured capacity."

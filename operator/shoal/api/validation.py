@@ -143,6 +143,30 @@ def _source(spec: VLLMClusterSpec) -> list[SpecError]:
     ]
 
 
+def _cache(spec: VLLMClusterSpec) -> list[SpecError]:
+    cache, source = spec.model.cache, spec.model.source
+    if cache is None:
+        return []
+    if (cache.shared is None) == (cache.node is None):
+        return [
+            SpecError(
+                "spec.model.cache",
+                "give exactly one of shared (a ReadWriteMany volume) or node (a host directory)",
+                "cache-one-of",
+            )
+        ]
+    if source is not None and source.pvc is not None:
+        return [
+            SpecError(
+                "spec.model.cache",
+                "a model on a PersistentVolumeClaim is not downloaded: remove "
+                "spec.model.cache or load from the Hub (spec.model.source.hf)",
+                "cache-needs-hub",
+            )
+        ]
+    return []
+
+
 def _architecture(spec: VLLMClusterSpec) -> list[SpecError]:
     given = spec.model.architecture
     if given is None:
@@ -297,4 +321,4 @@ def _planner_errors(spec: VLLMClusterSpec) -> list[SpecError]:
     ]
 
 
-_CHECKS = (_source, _architecture, _engine, _router, _warmup, _health, _autoscaling)
+_CHECKS = (_source, _cache, _architecture, _engine, _router, _warmup, _health, _autoscaling)

@@ -7,13 +7,15 @@ decisions; the I/O modules carry them out, driven by kopf handlers that
 
 Pure (no I/O, and no kopf, aiohttp, httpx or kr8s loaded by importing them):
 builders `engine`, `router`, `services`, `desired` (with `identity`, `names`,
-`placement` and `pods`); decisions `observe` (listed objects -> facts), `decide`
+`placement` and `pods`; `cache`: the model cache's claim and Job); decisions
+`observe` (listed objects -> facts), `decide`
 (facts -> actions) and `status` (facts and actions -> status), with
 `restarts` and `failures` (containers' states -> why, and what to do), and
 `autoscale` (the routers' demand -> replicas).
 
 I/O: `kube` (the API server), `probes`, `healthloop` and `warming` (the
-engines), `reconcile` (one pass: read, decide, act), `handlers` (kopf),
+engines), `reconcile` (one pass: read, decide, act),
+`downloads` (the model cache's Job and claim), `handlers` (kopf),
 `context`, `metrics` and `logs` (process state), `cli` (`shoal operator`).
 
 tests/unit/test_layers.py holds every module of the package to this list."""

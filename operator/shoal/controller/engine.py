@@ -11,8 +11,9 @@ import math
 import posixpath
 from typing import Any
 
+from shoal.api.capacity import resolve_architecture
 from shoal.api.spec import VLLMClusterSpec
-from shoal.controller import placement
+from shoal.controller import cache, placement
 from shoal.controller.identity import ClusterRef, Manifest, object_meta
 from shoal.controller.names import (
     COMPONENT_ENGINE,
@@ -30,6 +31,9 @@ from shoal.controller.names import (
     worker_set_name,
 )
 from shoal.controller.pods import with_pod_settings
+from shoal.schema.quantity import parse_quantity
+
+GiB = 1 << 30
 
 MODEL_MOUNT = "/models"
 HF_HOME = "/cache/huggingface"
@@ -61,6 +65,8 @@ def model_argument(spec: VLLMClusterSpec) -> str:
     source = spec.model.source
     if source is not None and source.pvc is not None:
         return posixpath.normpath(posixpath.join(MODEL_MOUNT, source.pvc.path.lstrip("/")))
+    if cache.uses_shared(spec):
+        return cache.model_path(spec)
     if source is not None and source.hf is not None and source.hf.id:
         return source.hf.id
     return spec.model.name
@@ -94,8 +100,10 @@ def engine_args(spec: VLLMClusterSpec) -> list[str]:
     else:
         args += ["--no-enable-prefix-caching"]
     source = spec.model.source
-    if source is not None and source.hf is not None and source.hf.revision:
-        args += ["--revision", source.hf.revision]
+    # A downloaded directory is that revision already.
+    rev = source.hf.revision if source is not None and source.hf is not None else None
+    if rev and not cache.uses_shared(spec):
+        args += ["--revision", rev]
     return args + list(engine.extra_args)
 
 
@@ -113,8 +121,25 @@ def _group_args(ref: ClusterRef, spec: VLLMClusterSpec, *, index: int, rank: str
     ]
 
 
+def default_requests(spec: VLLMClusterSpec) -> dict[str, str]:
+    """What an engine pod requests unless the spec says: CPU 2 per GPU plus 2
+    (a worker process per GPU, the API server and the engine core); memory
+    /dev/shm (memory-backed, charged to the pod) plus 4Gi plus the pod's share
+    of the weights, which vLLM stages through host memory while loading (8Gi
+    per GPU when the model's size is unknown). Requests only: a memory limit
+    would turn a load's peak into an OOMKill."""
+    gpus = gpus_per_pod(spec)
+    arch = resolve_architecture(spec.model)
+    staged = arch.weight_bytes / nodes_per_replica(spec) if arch is not None else gpus * 8 * GiB
+    memory = parse_quantity(spec.engine.shm_size) + 4 * GiB + staged
+    return {"cpu": str(2 * gpus + 2), "memory": f"{math.ceil(memory / GiB)}Gi"}
+
+
 def _resources(spec: VLLMClusterSpec) -> dict[str, Any]:
     resources = {key: dict(value) for key, value in (spec.engine.resources or {}).items()}
+    requests = resources.setdefault("requests", {})
+    for key, value in default_requests(spec).items():
+        requests.setdefault(key, value)
     limits = resources.setdefault("limits", {})
     limits[spec.gpu.resource] = str(gpus_per_pod(spec))
     return resources
@@ -125,15 +150,17 @@ def _model_env(spec: VLLMClusterSpec) -> list[dict[str, Any]]:
     if source is not None and source.pvc is not None:
         return []
     env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": HF_HOME}]
-    token = source.hf.token_secret if source is not None and source.hf is not None else None
-    if token is not None:
-        ref = {"name": token.name, "key": token.key}
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
-    return env
+    if cache.uses_shared(spec):
+        # Loaded from the claim: a missing file is an error, not a download.
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    return env + cache.token_env(spec)
 
 
-def _volumes(spec: VLLMClusterSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, mounts): /dev/shm for NCCL, and the model's PVC or a Hub cache."""
+def _volumes(
+    ref: ClusterRef, spec: VLLMClusterSpec
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts): /dev/shm for NCCL, the model's PVC or a Hub cache (on the
+    node with a node cache), and the shared cache's claim."""
     # Memory-backed: the container runtime's 64Mi /dev/shm is too small for NCCL.
     shm = {"medium": "Memory", "sizeLimit": spec.engine.shm_size}
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": shm}]
@@ -144,8 +171,19 @@ def _volumes(spec: VLLMClusterSpec) -> tuple[list[dict[str, Any]], list[dict[str
         volumes.append({"name": "model", "persistentVolumeClaim": claim})
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
     else:
-        volumes.append({"name": "hf-cache", "emptyDir": {}})
+        host = cache.node_cache_path(spec)
+        # On the node, so a restarted or rolled pod there finds the files.
+        hf_cache = (
+            {"hostPath": {"path": host, "type": "DirectoryOrCreate"}}
+            if host is not None
+            else {"emptyDir": {}}
+        )
+        volumes.append({"name": "hf-cache", **hf_cache})
         mounts.append({"name": "hf-cache", "mountPath": HF_HOME})
+    if cache.uses_shared(spec):
+        claim = {"claimName": cache.claim_name(ref, spec), "readOnly": True}
+        volumes.append({"name": "models", "persistentVolumeClaim": claim})
+        mounts.append({"name": "models", "mountPath": cache.CACHE_MOUNT, "readOnly": True})
     return volumes, mounts
 
 
@@ -167,7 +205,7 @@ def _pod_labels(ref: ClusterRef, *, index: int, role: str) -> dict[str, str]:
 
 
 def _pod_spec(ref: ClusterRef, spec: VLLMClusterSpec, *, index: int, role: str) -> dict[str, Any]:
-    volumes, mounts = _volumes(spec)
+    volumes, mounts = _volumes(ref, spec)
     env = _model_env(spec)
     container: dict[str, Any] = {
         "name": "engine",

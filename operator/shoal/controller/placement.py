@@ -3,13 +3,43 @@ group and of different replicas spread over nodes."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shoal.api.spec import VLLMClusterSpec
 from shoal.controller.names import LABEL_REPLICA, engine_selector, group_selector
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+# GPU Feature Discovery's labels (the NVIDIA GPU operator runs it): GPUs on
+# the node, and one GPU's memory in MiB as the driver reports it.
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 HOSTNAME = "kubernetes.io/hostname"
+
+
+def with_gpu_facts(spec: VLLMClusterSpec, nodes: Sequence[Mapping[str, Any]]) -> VLLMClusterSpec:
+    """The spec with gpu.perNode and gpu.memory, where it leaves them unset,
+    read from GFD's labels on the nodes its engines may run on (the product's
+    and placement.nodeSelector's). Only when those nodes agree; else, and
+    without labels, the spec's defaults stay. Fields the spec sets win."""
+    wanted = node_selector(spec)
+    eligible = [
+        labels
+        for labels in ((n.get("metadata") or {}).get("labels") or {} for n in nodes)
+        if all(labels.get(key) == value for key, value in wanted.items())
+        and GPU_COUNT_LABEL in labels
+    ]
+    unset = {"per_node", "memory"} - spec.gpu.model_fields_set
+    update: dict[str, Any] = {}
+    counts = {labels.get(GPU_COUNT_LABEL) for labels in eligible}
+    memories = {labels.get(GPU_MEMORY_LABEL) for labels in eligible}
+    if "per_node" in unset and len(counts) == 1 and (count := counts.pop() or "").isdigit():
+        update["per_node"] = int(count)
+    if "memory" in unset and len(memories) == 1 and (memory := memories.pop() or "").isdigit():
+        update["memory"] = f"{memory}Mi"
+    if not update:
+        return spec
+    return spec.model_copy(update={"gpu": spec.gpu.model_copy(update=update)})
 
 
 def node_selector(spec: VLLMClusterSpec) -> dict[str, str]:

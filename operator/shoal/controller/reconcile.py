@@ -44,6 +44,7 @@ from shoal.controller.desired import (
     drifted,
     manifest_hash,
 )
+from shoal.controller.downloads import prepare_model
 from shoal.controller.engine import nodes_per_replica, served_model_name
 from shoal.controller.healthloop import Target
 from shoal.controller.identity import ClusterRef, Manifest
@@ -60,6 +61,7 @@ from shoal.controller.names import (
     selector_text,
 )
 from shoal.controller.observe import Observed, SetFacts, observe
+from shoal.controller.placement import GPU_COUNT_LABEL, with_gpu_facts
 from shoal.controller.restarts import seed_restart_times
 from shoal.controller.status import (
     Refusal,
@@ -127,6 +129,8 @@ async def _reconcile(
     paused = (meta.get("annotations") or {}).get(ANNOTATION_PAUSED) == "true"
     spec, errors = parse(body)
     valid = spec is not None and not errors
+    if valid and spec is not None:
+        spec = with_gpu_facts(spec, await _gpu_nodes(ctx))
     observed, listed = await _observe(ctx, ref, spec)
     fleet = None
     desired = None
@@ -154,6 +158,20 @@ async def _reconcile(
             heal=heal_policy(spec),
             node_loss_seconds=float(spec.health.node_loss_seconds),
         )
+    refused: list[Refusal] = []
+    download = None
+    if valid and not paused:
+        assert spec is not None
+        download = await prepare_model(
+            ctx.kube,
+            ref,
+            spec,
+            image=ctx.settings.router_image,
+            pull_secrets=ctx.settings.router_pull_secrets,
+            apply=lambda manifest: _apply(ctx, ref, manifest, refused),
+        )
+        if download is not None and not download.complete:
+            desired = None  # engines start, or roll, only once their model is there
     if not state.restarts_seeded:
         # A new operator process: count the restarts an earlier one made.
         state.restarts_seeded = True
@@ -162,7 +180,6 @@ async def _reconcile(
         )
         if seeded and not state.memory.restart_times:
             state.memory = dataclasses.replace(state.memory, restart_times=seeded)
-    refused: list[Refusal] = []
     if paused:
         decision, probes = Decision(memory=state.memory), Probes()
     else:
@@ -205,6 +222,7 @@ async def _reconcile(
             previous=previous,
             now=now_text(),
             refused=tuple(refused),
+            download=download,
         )
     )
     told = decision.degraded[0] if decision.degraded is not None else None
@@ -352,6 +370,16 @@ async def _router_pods(ctx: OperatorContext, ref: ClusterRef) -> dict[str, str]:
         if ip and status.get("phase") == "Running" and not meta.get("deletionTimestamp"):
             found[str(meta.get("uid"))] = str(ip)
     return found
+
+
+async def _gpu_nodes(ctx: OperatorContext) -> list[Manifest]:
+    """The nodes GFD labelled (their GPUs' count and memory), or none when
+    nodes cannot be read: the spec's gpu fields then stand."""
+    try:
+        nodes = await ctx.kube.list_nodes()
+    except ApiError:
+        return []
+    return [n for n in nodes if GPU_COUNT_LABEL in ((n.get("metadata") or {}).get("labels") or {})]
 
 
 async def _nodes_not_ready(

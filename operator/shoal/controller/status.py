@@ -22,6 +22,7 @@ from shoal.api.status import (
     VLLMClusterStatus,
 )
 from shoal.api.validation import SpecError
+from shoal.controller.cache import Download, DownloadState
 from shoal.controller.decide import Decision, Event, EventType, Memory, Probes, group_complete
 from shoal.controller.engine import nodes_per_replica
 from shoal.controller.failures import last_termination, pod_failure, replica_failure
@@ -64,6 +65,7 @@ class StatusInputs:
     previous: Mapping[str, Any]  # the status as it is now
     now: str  # RFC 3339
     refused: tuple[Refusal, ...] = ()  # this pass's child writes the API server refused
+    download: Download | None = None  # the shared model cache's Job, when there is one
 
 
 def build_status(inputs: StatusInputs) -> dict[str, Any]:
@@ -135,6 +137,9 @@ def _state(inputs: StatusInputs, replica: ReplicaFacts, *, wanted: int, nodes: i
     failure = replica_failure(replica)
     if failure is not None:
         return failure.state  # CrashLooping, ImagePullFailing, Misconfigured
+    download = inputs.download
+    if download is not None and not download.complete and not replica.pods:
+        return ReplicaState.DOWNLOADING
     if index in inputs.decision.unhealthy:
         return ReplicaState.UNHEALTHY  # out of rotation for its health, not being restarted now
     terminating = any(p.terminating for p in replica.pods)
@@ -250,6 +255,7 @@ def _conditions(
 
     return [
         condition(ConditionType.READY, _ready(inputs, wanted=wanted, warm=warm)),
+        condition(ConditionType.AVAILABLE, _available(inputs, wanted=wanted, warm=warm)),
         condition(
             ConditionType.PROGRESSING, _progressing(inputs, wanted=wanted, replicas=replicas)
         ),
@@ -269,6 +275,20 @@ def _ready(inputs: StatusInputs, *, wanted: int, warm: int) -> tuple[bool, str, 
     return True, "Serving", f"all {wanted} replicas are warm and Ready behind the router"
 
 
+def _available(inputs: StatusInputs, *, wanted: int, warm: int) -> tuple[bool, str, str]:
+    """At least minAvailable replicas (at most spec.replicas) serve behind a router."""
+    if wanted == 0:
+        return False, "NoReplicas", "spec.replicas is 0"
+    spec, router = inputs.spec, inputs.observed.router
+    needed = min(spec.min_available, wanted) if spec is not None else wanted
+    counts = f"{warm} of {wanted} replicas are warm and Ready (at least {needed} needed)"
+    if warm < needed:
+        return False, "MinimumReplicasUnavailable", counts
+    if spec is not None and spec.router.replicas > 0 and (router is None or router.available < 1):
+        return False, "RouterUnavailable", "no router pod is available yet"
+    return True, "MinimumReplicasAvailable", counts
+
+
 def _progressing(
     inputs: StatusInputs, *, wanted: int, replicas: list[ReplicaStatus]
 ) -> tuple[bool, str, str]:
@@ -276,6 +296,11 @@ def _progressing(
         return False, "Paused", f"reconciling is paused by the {ANNOTATION_PAUSED} annotation"
     if inputs.errors:
         return False, "InvalidSpec", "the spec is invalid (see SpecValid); the fleet is left as is"
+    if (download := inputs.download) is not None and download.state in (
+        DownloadState.PENDING,
+        DownloadState.RUNNING,
+    ):
+        return True, "Downloading", f"the engines wait for the model cache: {download.message}"
     if inputs.refused:
         reason = _refusal_reason(inputs.refused)
         return (
@@ -310,6 +335,8 @@ def _progressing(
 def _degraded(inputs: StatusInputs) -> tuple[bool, str, str]:
     if inputs.decision.degraded is not None:
         return True, *inputs.decision.degraded
+    if (download := inputs.download) is not None and download.state is DownloadState.FAILED:
+        return True, "DownloadFailed", download.message
     if failed := [r for r in inputs.refused if not r.invalid]:
         return True, "ReconcileFailed", "; ".join(str(r) for r in failed)
     for replica in sorted(inputs.observed.replicas.values(), key=lambda r: r.index):

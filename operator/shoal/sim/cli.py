@@ -18,6 +18,7 @@ import logging
 import re
 import signal
 from collections.abc import Sequence
+from pathlib import Path
 
 from shoal.sim.config import EngineConfig
 from shoal.sim.faults import CONNECTION_MODES, METRICS_MODES, Faults
@@ -175,6 +176,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="serve /_sim/fault to inject faults at run time",
     )
+    s.add_argument(
+        "--sim-load-model",
+        action="store_true",
+        help="read the model directory's files at start, as vLLM loads weights; exit 1, "
+        "as vLLM does, when it holds no config.json",
+    )
     s.add_argument("--sim-log-level", default="INFO")
 
 
@@ -229,12 +236,30 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         log.error("%s", e)
         return 2
+    if args.sim_load_model and not _load_model(config.model):
+        return 1
     # Each engine gets its own fault state.
     engines = [
         (dataclasses.replace(config, faults=dataclasses.replace(config.faults)), address)
         for address in addresses(args)
     ]
     return asyncio.run(_serve(engines))
+
+
+def _load_model(model: str) -> bool:
+    """Read every file of a local model directory (the weights' load)."""
+    directory = Path(model)
+    if not (directory / "config.json").is_file():
+        log.error(
+            "ValueError: Invalid repository ID or local directory specified: %r "
+            "(no config.json there)",
+            model,
+        )
+        return False
+    files = [path for path in sorted(directory.rglob("*")) if path.is_file()]
+    size = sum(len(path.read_bytes()) for path in files)
+    log.info("loaded model from %s: %d files, %d bytes", directory, len(files), size)
+    return True
 
 
 async def _serve(engines: Sequence[tuple[EngineConfig, Address]]) -> int:

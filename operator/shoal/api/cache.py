@@ -1,0 +1,68 @@
+"""spec.model.cache: where downloaded weights are kept so that they are fetched
+once per cluster (a shared volume the operator fills with a download Job
+before the engines start) or once per node (a host directory the engines
+download into), and restarts and rollouts find them there."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from shoal.schema.model import ApiModel
+from shoal.schema.quantity import Quantity
+
+DEFAULT_NODE_CACHE_PATH = "/var/lib/shoal/models"
+
+
+class SharedCache(ApiModel):
+    """A ReadWriteMany PersistentVolumeClaim holding the model, filled once by a
+    download Job (the shoal image's `shoal download`) before any engine starts,
+    and mounted read-only by every engine pod, which loads it without the Hub."""
+
+    claim_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="An existing ReadWriteMany claim to use. Default: shoal makes "
+        "<cluster>-models (size, storageClassName), deleted with the cluster.",
+    )
+    size: Quantity = Field(
+        default="200Gi",
+        description="Size of the claim shoal makes: the model's files and some room "
+        "(Llama 3.1 8B is 16 GB, 70B 141 GB, 405B FP8 410 GB).",
+    )
+    storage_class_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="StorageClass of the claim shoal makes; it must offer ReadWriteMany "
+        "(NFS, CephFS, Filestore, EFS, Azure Files...). Default: the cluster's default class.",
+    )
+    backoff_limit: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="Retries of the download Job before it counts as failed.",
+    )
+
+
+class NodeCache(ApiModel):
+    """A directory on each node (a hostPath volume) used as the engines' Hugging
+    Face cache: the first engine on a node downloads the model, later engines
+    and restarted ones on that node load it from disk."""
+
+    path: str = Field(
+        default=DEFAULT_NODE_CACHE_PATH,
+        min_length=2,
+        max_length=4096,
+        pattern=r"^/",
+        description="Absolute directory on the node (made if missing). Use a disk "
+        "large enough for every model the node serves.",
+    )
+
+
+class ModelCache(ApiModel):
+    """Keep the downloaded weights: exactly one of shared or node."""
+
+    shared: SharedCache | None = Field(
+        default=None, description="Once per cluster, on a ReadWriteMany volume."
+    )
+    node: NodeCache | None = Field(default=None, description="Once per node, in a host directory.")

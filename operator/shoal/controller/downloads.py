@@ -1,0 +1,75 @@
+"""The shared model cache's I/O: read the download Job of the current spec
+(and its pods, while it has not completed), make the claim and the Job when
+they are missing or outdated, and say what the download has done.
+
+Once the Job completed, a pass reads only the Job: nothing is written, so
+an idle fleet with a cache still makes no writes. A Job whose template is
+outdated (the engines' env changed mid-download) is deleted and made again,
+as a Job's template cannot change; the files already fetched stay."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+
+from shoal.api.spec import VLLMClusterSpec
+from shoal.api.status import ConditionStatus
+from shoal.controller import cache
+from shoal.controller.desired import manifest_hash
+from shoal.controller.identity import ClusterRef, Manifest
+from shoal.controller.kube import KubeApi
+from shoal.controller.names import ANNOTATION_SPEC_HASH
+
+Apply = Callable[[Manifest], Awaitable[bool]]
+
+
+async def prepare_model(
+    kube: KubeApi,
+    ref: ClusterRef,
+    spec: VLLMClusterSpec,
+    *,
+    image: str,
+    pull_secrets: Sequence[str],
+    apply: Apply,
+) -> cache.Download | None:
+    """The download's state, after making what it still needs; None without
+    a shared cache. apply: the reconciler's (stamps the hash, notes refusals)."""
+    job_manifest = cache.build_download_job(ref, spec, image=image, pull_secrets=pull_secrets)
+    if job_manifest is None:
+        return None
+    name = job_manifest["metadata"]["name"]
+    job = await kube.get("batch/v1", "Job", ref.namespace, name)
+    if job is not None and _completed(job):
+        return cache.download_state(job, (), name=name)
+    claim = cache.build_cache_claim(ref, spec)
+    found_claim, pods = await asyncio.gather(
+        _get_claim(kube, ref, claim),
+        kube.list("v1", "Pod", ref.namespace, f"{cache.JOB_NAME_LABEL}={name}"),
+    )
+    if claim is not None and _outdated(found_claim, claim) and not await apply(claim):
+        return cache.download_state(job, pods, name=name)
+    if job is None:
+        await apply(job_manifest)
+    elif _outdated(job, job_manifest):
+        uid = (job.get("metadata") or {}).get("uid")
+        await kube.delete("batch/v1", "Job", ref.namespace, name, uid=uid)
+        job, pods = None, []
+    return cache.download_state(job, pods, name=name)
+
+
+def _completed(job: Manifest) -> bool:
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return any(
+        c.get("type") == "Complete" and c.get("status") == ConditionStatus.TRUE for c in conditions
+    )
+
+
+def _outdated(live: Manifest | None, desired: Manifest) -> bool:
+    annotations = ((live or {}).get("metadata") or {}).get("annotations") or {}
+    return live is None or annotations.get(ANNOTATION_SPEC_HASH) != manifest_hash(desired)
+
+
+async def _get_claim(kube: KubeApi, ref: ClusterRef, claim: Manifest | None) -> Manifest | None:
+    if claim is None:
+        return None
+    return await kube.get("v1", "PersistentVolumeClaim", ref.namespace, claim["metadata"]["name"])

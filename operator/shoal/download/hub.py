@@ -1,0 +1,136 @@
+"""The Hugging Face Hub's HTTP API, as much as a download needs: the files of a
+repository at a revision (GET /api/models/<id>/revision/<rev>?blobs=true) and
+each file's bytes (GET /<id>/resolve/<commit>/<path>, which redirects to a CDN).
+
+HF_ENDPOINT (a mirror or an on-premises Hub) and HF_TOKEN are read as
+huggingface_hub reads them, so an engine and its download Job given the same
+env talk to the same Hub."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+# Llama repositories ship the original PyTorch checkpoint beside the
+# safetensors vLLM loads (16 GB more for 8B, 810 GB for 405B).
+DEFAULT_EXCLUDE = ("original/*",)
+# Written last: a directory holding it is complete (its text: the commit).
+COMPLETE_MARKER = ".shoal-complete"
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class RepoFile:
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Listing:
+    commit: str
+    files: tuple[RepoFile, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+class HubError(Exception):
+    """A download that cannot succeed as configured; the message says what to change."""
+
+
+def endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT).rstrip("/")
+
+
+def selected(files: Sequence[RepoFile], exclude: Sequence[str]) -> tuple[RepoFile, ...]:
+    return tuple(f for f in files if not any(fnmatch.fnmatch(f.path, p) for p in exclude))
+
+
+def missing(files: Sequence[RepoFile], directory: Path) -> tuple[RepoFile, ...]:
+    """Files not yet in directory at their full size."""
+    found = []
+    for repo_file in files:
+        path = directory / repo_file.path
+        if not path.is_file() or path.stat().st_size != repo_file.size:
+            found.append(repo_file)
+    return tuple(found)
+
+
+def explain(status: int, *, repo: str, revision: str) -> str:
+    """What a refusal from the Hub means for the spec."""
+    if status == 401:
+        return (
+            f"401 from Hugging Face for {repo}: the model is gated or private: set "
+            "spec.model.source.hf.tokenSecret to a Secret holding a token that may read it"
+        )
+    if status == 403:
+        return (
+            f"403 from Hugging Face for {repo}: the token may not read it (accept the "
+            "model's licence on its Hub page with the token's account)"
+        )
+    if status == 404:
+        return (
+            f"404 from Hugging Face: no repository {repo} at revision {revision}: check "
+            "spec.model.source.hf.id (or model.name) and revision"
+        )
+    return f"the Hub answered {status} for {repo}"
+
+
+class Hub:
+    """One client for the whole download (connection reuse across files)."""
+
+    def __init__(self, *, token: str | None, base: str | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.base = base or endpoint()
+        self.client = httpx.Client(
+            headers=headers, follow_redirects=True, timeout=httpx.Timeout(60.0, connect=10.0)
+        )
+
+    def __enter__(self) -> Hub:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.client.close()
+
+    def listing(self, repo: str, revision: str) -> Listing:
+        url = f"{self.base}/api/models/{repo}/revision/{revision}"
+        response = self.client.get(url, params={"blobs": "true"})
+        if response.status_code != 200:
+            raise HubError(explain(response.status_code, repo=repo, revision=revision))
+        body = response.json()
+        files = tuple(
+            RepoFile(path=str(s["rfilename"]), size=int(s.get("size") or 0))
+            for s in body.get("siblings") or []
+        )
+        return Listing(commit=str(body.get("sha") or revision), files=files)
+
+    def fetch(
+        self,
+        repo: str,
+        commit: str,
+        repo_file: RepoFile,
+        directory: Path,
+        *,
+        progress: Callable[[int], None],
+    ) -> None:
+        """The file's bytes into directory, through a .incomplete file renamed
+        when whole, so a reader never sees half a file under its name."""
+        target = directory / repo_file.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".incomplete")
+        url = f"{self.base}/{repo}/resolve/{commit}/{repo_file.path}"
+        with self.client.stream("GET", url) as response:
+            if response.status_code != 200:
+                raise HubError(explain(response.status_code, repo=repo, revision=commit))
+            with partial.open("wb") as out:
+                for chunk in response.iter_bytes(_CHUNK):
+                    out.write(chunk)
+                    progress(len(chunk))
+        partial.replace(target)

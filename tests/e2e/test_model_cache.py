@@ -1,0 +1,136 @@
+"""The shared model cache on the testbed: a VLLMCluster with
+spec.model.cache.shared gets a ReadWriteMany claim (bound here to a hostPath
+PersistentVolume) and a download Job running `shoal download` (the pod
+runner plays it) against a Hub on loopback. With a wrong token the Job fails
+and status says so (Degraded DownloadFailed, the 401 and the Secret to set,
+replicas Downloading, no engine pod); with the right one the files are
+fetched once, both replicas load them from the claim, and a restarted
+replica loads them again without a download."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from shoal_testbed.cluster import Testbed
+from tests.e2e.kube import apply, wait_for
+from tests.e2e.operator_env import children, cluster, cluster_manifest, wait_ready
+from tests.fake_hub import FakeHub, serve_hub, tiny_model_files
+
+pytestmark = pytest.mark.e2e
+
+PATTERN = "shoal-cache"
+REPO = "org/tiny"
+TOKEN = "hf_right"
+
+
+def secret(token: str) -> dict[str, Any]:
+    data = {"token": base64.b64encode(token.encode()).decode()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf"}, "data": data}
+
+
+def host_volume(name: str, path: Path, storage_class: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": storage_class,
+            "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
+        },
+    }
+
+
+def conditions(bed: Testbed, ns: str) -> dict[str, dict[str, Any]]:
+    found = cluster(bed, ns, "cached").get("status", {}).get("conditions", [])
+    return {c["type"]: c for c in found}
+
+
+def loaded_from(bed: Testbed, ns: str, pod: dict[str, Any]) -> str:
+    meta = pod["metadata"]
+    log = bed.logs / "pods" / f"{ns}_{meta['name']}_{meta['uid'][:8]}.log"
+    return log.read_text() if log.exists() else ""
+
+
+def test_the_model_is_downloaded_once_and_every_replica_and_restart_loads_it_from_the_claim(
+    testbed: Testbed, ns: str, tmp_path: Path
+) -> None:
+    storage = tmp_path / "volume"
+    model_dir = storage / "org--tiny"
+    testbed.kubectl(
+        "apply", "-f", "-", input_text=yaml.safe_dump(host_volume(f"{ns}-pv", storage, ns))
+    )
+    files = tiny_model_files()
+    with serve_hub(FakeHub(REPO, files, token=TOKEN)) as hub:
+        manifest = cluster_manifest("cached", replicas=2, tensor=1, model=REPO)
+        spec = manifest["spec"]
+        spec["model"]["source"] = {"hf": {"tokenSecret": {"name": "hf"}}}
+        spec["model"]["cache"] = {
+            "shared": {"size": "1Gi", "storageClassName": ns, "backoffLimit": 0}
+        }
+        spec["engine"]["env"] = [{"name": "HF_ENDPOINT", "value": hub.url}]
+        apply(testbed, ns, secret("hf_wrong"), manifest)
+
+        # A wrong token: the Job fails, status says why and what to do; no engine starts.
+        degraded = wait_for(
+            lambda: (
+                (d := conditions(testbed, ns).get("Degraded", {})).get("reason") == "DownloadFailed"
+                and d
+            ),
+            what="Degraded DownloadFailed",
+            timeout=90,
+        )
+        assert "401" in degraded["message"]
+        assert "spec.model.source.hf.tokenSecret" in degraded["message"]
+        states = [r["state"] for r in cluster(testbed, ns, "cached")["status"]["replicaStatuses"]]
+        assert states == ["Downloading", "Downloading"]
+        engines = [
+            p
+            for p in children(testbed, ns, "cached", "pods")
+            if p["metadata"]["labels"].get("app.kubernetes.io/component") == "engine"
+        ]
+        assert engines == []
+
+        # The right token, and the Job again as the message says: files fetched once.
+        apply(testbed, ns, secret(TOKEN))
+        (job,) = children(testbed, ns, "cached", "jobs")
+        testbed.kubectl("delete", "job", job["metadata"]["name"], "-n", ns)
+        wait_ready(testbed, ns, "cached", 2, timeout=150)
+        assert (model_dir / ".shoal-complete").exists()
+        assert dict(hub.served) == {name: 1 for name in files if not name.startswith("original/")}
+        leaders = _leaders(testbed, ns)
+        for pod in leaders:
+            assert f"loaded model from {model_dir}" in loaded_from(testbed, ns, pod)
+
+        # A restarted replica loads the same files: no new Job, nothing fetched.
+        restarted = leaders[1]
+        testbed.kubectl("delete", "pod", restarted["metadata"]["name"], "-n", ns)
+        wait_for(
+            lambda: any(
+                p["metadata"]["uid"] != restarted["metadata"]["uid"]
+                and f"loaded model from {model_dir}" in loaded_from(testbed, ns, p)
+                for p in _leaders(testbed, ns)
+            ),
+            what="the restarted replica loading the cached model",
+            timeout=90,
+        )
+        wait_ready(testbed, ns, "cached", 2, timeout=90)
+        assert len(children(testbed, ns, "cached", "jobs")) == 1
+        assert dict(hub.served) == {name: 1 for name in files if not name.startswith("original/")}
+    testbed.kubectl("delete", "pv", f"{ns}-pv", "--wait=false", check=False)
+
+
+def _leaders(bed: Testbed, ns: str) -> list[dict[str, Any]]:
+    found = [
+        p
+        for p in children(bed, ns, "cached", "pods")
+        if p["metadata"]["labels"].get("serving.shoal.dev/role") == "leader"
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+    return sorted(found, key=lambda p: p["metadata"]["name"])

@@ -1,0 +1,69 @@
+"""`shoal download` (the model cache's Job) against a Hub on loopback: it
+fetches the model's files but the original checkpoint, a second run fetches
+nothing, a missing file is fetched alone, and a gated model without a token
+fails with one line naming the Secret to set."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.fake_hub import COMMIT, FakeHub, serve_hub, tiny_model_files
+
+REPO = "org/tiny"
+
+
+def download(
+    hub: FakeHub, directory: Path, *, token: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HF_ENDPOINT")}
+    env["HF_ENDPOINT"] = hub.url
+    if token is not None:
+        env["HF_TOKEN"] = token
+    return subprocess.run(
+        [sys.executable, "-m", "shoal.cli", "download", "--repo", REPO, "--dir", str(directory)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_model_is_downloaded_once_and_a_second_run_fetches_nothing(tmp_path: Path) -> None:
+    files = tiny_model_files()
+    with serve_hub(FakeHub(REPO, files)) as hub:
+        first = download(hub, tmp_path)
+        assert first.returncode == 0, first.stderr
+        assert {p: (tmp_path / p).read_bytes() for p in files if not p.startswith("original/")} == {
+            p: b for p, b in files.items() if not p.startswith("original/")
+        }
+        assert not (tmp_path / "original").exists()
+        assert (tmp_path / ".shoal-complete").read_text().strip() == COMMIT
+        assert sum(hub.served.values()) == 3
+        second = download(hub, tmp_path)
+        assert second.returncode == 0, second.stderr
+        assert sum(hub.served.values()) == 3  # nothing fetched again
+
+
+def test_a_missing_or_partial_file_is_fetched_alone(tmp_path: Path) -> None:
+    with serve_hub(FakeHub(REPO, tiny_model_files())) as hub:
+        assert download(hub, tmp_path).returncode == 0
+        (tmp_path / "model.safetensors").write_bytes(b"half")
+        assert download(hub, tmp_path).returncode == 0
+        assert hub.served["model.safetensors"] == 2 and hub.served["config.json"] == 1
+        assert (tmp_path / "model.safetensors").read_bytes() == tiny_model_files()[
+            "model.safetensors"
+        ]
+
+
+def test_a_gated_model_without_a_token_fails_naming_the_token_secret(tmp_path: Path) -> None:
+    with serve_hub(FakeHub(REPO, tiny_model_files(), token="hf_secret")) as hub:
+        refused = download(hub, tmp_path)
+        assert refused.returncode == 1
+        last = refused.stderr.strip().splitlines()[-1]
+        assert "401" in last and "spec.model.source.hf.tokenSecret" in last
+        assert not (tmp_path / ".shoal-complete").exists()
+        assert download(hub, tmp_path, token="hf_secret").returncode == 0
