@@ -126,3 +126,59 @@ def test_a_child_write_the_api_server_refuses_is_a_condition_and_an_event(
     assert "ChildRefused" in [e["reason"] for e in warnings]
     # The fleet keeps serving what it ran.
     assert printed_columns(testbed, ns, "refused")["READY"] == "1"
+
+
+def _progressing(bed: Testbed, ns: str, name: str, reason: str) -> dict[str, Any] | None:
+    found = _conditions(bed, ns, name).get("Progressing", {})
+    return found if found.get("status") == "False" and found.get("reason") == reason else None
+
+
+def _engine_args(bed: Testbed, ns: str, pod: str) -> list[str]:
+    spec = get_json(bed, "pod", pod, "-n", ns)["spec"]
+    engine = next(c for c in spec["containers"] if c["name"] == "engine")
+    return list(engine.get("args") or []) + list(engine.get("command") or [])
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param({"gpu": {"product": "NVIDIA-B300-SXM6-AC"}}, id="gpu-product-no-node-has"),
+        pytest.param(
+            {"engine": {"maxModelLen": 8192, "extraArgs": ["--no-such-flag"]}},
+            id="flag-the-engine-refuses",
+        ),
+    ],
+)
+def test_an_edit_that_cannot_run_is_rolled_back_on_its_first_replica_and_the_fleet_kept(
+    testbed: Testbed, ns: str, edit: dict[str, Any]
+) -> None:
+    name = "unrun"
+    apply(
+        testbed,
+        ns,
+        cluster_manifest(name, replicas=2, tensor=4, rollout={"progressDeadlineSeconds": 20}),
+    )
+    wait_ready(testbed, ns, name, 2)
+    kept = get_json(testbed, "statefulset", f"{name}-r1", "-n", ns)["spec"]["template"]
+    _patch(testbed, ns, name, edit)
+    condition = wait_for(
+        lambda: _progressing(testbed, ns, name, "RolledBack"),
+        what="Progressing=False RolledBack",
+        timeout=90,
+        interval=0.5,
+    )
+    assert "replica 0" in condition["message"]
+    assert "gave it its last good template back" in condition["message"]
+    # Back at full strength on the last good template, and still paused.
+    wait_ready(testbed, ns, name, 2, timeout=90)
+    assert _progressing(testbed, ns, name, "RolledBack") is not None
+    pod = get_json(testbed, "pod", f"{name}-r0-0", "-n", ns)
+    selector = pod["spec"].get("nodeSelector") or {}
+    assert selector.get("nvidia.com/gpu.product") == "NVIDIA-H100-80GB-HBM3"
+    assert "--no-such-flag" not in _engine_args(testbed, ns, f"{name}-r0-0")
+    # The rollout never reached the other replica (self-healing may restart it
+    # on a loaded machine, on its old template).
+    assert get_json(testbed, "statefulset", f"{name}-r1", "-n", ns)["spec"]["template"] == kept
+    told = events(testbed, ns, name)
+    assert not [e for e in told if e["message"].startswith("replacing replica 1")]
+    assert "RolledBack" in [e["reason"] for e in told if e["type"] == "Warning"]

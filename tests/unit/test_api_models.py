@@ -108,10 +108,15 @@ def test_cross_field_errors_name_the_field_and_the_fix() -> None:
         manifest(engine={"extraArgs": ["-tp", "4", "--max-model-len=4096", "--enforce-eager"]})
     )
     assert [(e.field, e.message) for e in errors] == [
-        ("spec.engine.extraArgs", "-tp is set by shoal: use spec.parallelism.tensor instead"),
         (
             "spec.engine.extraArgs",
-            "--max-model-len is set by shoal: use spec.engine.maxModelLen instead",
+            "-tp sets vLLM's tensor_parallel_size, which shoal sets: use "
+            "spec.parallelism.tensor instead",
+        ),
+        (
+            "spec.engine.extraArgs",
+            "--max-model-len=4096 sets vLLM's max_model_len, which shoal sets: use "
+            "spec.engine.maxModelLen instead",
         ),
     ]
 

@@ -37,6 +37,7 @@ PURE_CONTROLLER = (
     "placement",
     "pods",
     "restarts",
+    "rollout",
     "router",
     "services",
     "status",

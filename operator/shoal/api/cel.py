@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from shoal.api.flags import managed_pattern
 from shoal.api.spec import MAX_REPLICAS
-from shoal.api.validation import MANAGED_FLAGS, MAX_NAME_LENGTH, NAME_PATTERN
-from shoal.planner.presets import PRESETS
+from shoal.api.validation import MAX_NAME_LENGTH, NAME_PATTERN
+from shoal.planner.presets import PRESETS, REPOSITORY_PRESETS
 
 
 @dataclass(frozen=True)
@@ -46,17 +47,28 @@ _TP = "self.parallelism.tensor"
 _PP = "self.parallelism.pipeline"
 _DCP = "self.parallelism.decodeContext"
 
-# The architecture resolves to numbers: a preset, or every shape field.
+_NAME = "self.model.name"
+# The repository a model name ends in (lowercase), as planner.presets reads it.
+_REPOSITORY = f"{_NAME}.lowerAscii().substring({_NAME}.lastIndexOf('/') + 1)"
+_BY_NAME = (
+    "{" + ", ".join(f"'{repo}': '{preset}'" for repo, preset in REPOSITORY_PRESETS.items()) + "}"
+)
+# The preset in force: the architecture's, or the one the model's name is.
+_PRESET = f"((has({_A}) && has({_A}.preset)) ? {_A}.preset : {_BY_NAME}[{_REPOSITORY}])"
+
+# The architecture resolves to numbers: a preset, every shape field, or (no
+# architecture given) a model name shoal recognises, as api.capacity resolves it.
 _KNOWN = (
-    f"(has({_A}) && (has({_A}.preset) || (has({_A}.layers) && has({_A}.queryHeads) && "
-    f"has({_A}.kvHeads) && has({_A}.headSize) && has({_A}.parameters))))"
+    f"(has({_A}) ? (has({_A}.preset) || (has({_A}.layers) && has({_A}.queryHeads) && "
+    f"has({_A}.kvHeads) && has({_A}.headSize) && has({_A}.parameters))) : "
+    f"{_REPOSITORY} in {_BY_NAME})"
 )
 
 
 def _effective(field: str, attribute: str) -> str:
     """The field if given, else its preset's value."""
     table = ", ".join(f"'{name}': {getattr(arch, attribute)}" for name, arch in PRESETS.items())
-    return f"(has({_A}.{field}) ? {_A}.{field} : {{{table}}}[{_A}.preset])"
+    return f"((has({_A}) && has({_A}.{field})) ? {_A}.{field} : {{{table}}}[{_PRESET}])"
 
 
 _Q = _effective("queryHeads", "query_heads")
@@ -64,14 +76,25 @@ _KV = _effective("kvHeads", "kv_heads")
 _LAYERS = _effective("layers", "layers")
 _MLA_PRESETS = ", ".join(f"'{name}'" for name, arch in PRESETS.items() if arch.attention == "MLA")
 _MLA = (
-    f"(has({_A}.attention) ? {_A}.attention == 'MLA' : "
-    f"(has({_A}.preset) && {_A}.preset in [{_MLA_PRESETS}]))"
+    f"((has({_A}) && has({_A}.attention)) ? {_A}.attention == 'MLA' : "
+    f"{_PRESET} in [{_MLA_PRESETS}])"
+)
+_CONTEXT = (
+    "{" + ", ".join(f"'{name}': {arch.context_length}" for name, arch in PRESETS.items()) + "}"
+)
+# The model's context length, when its preset is known (an architecture
+# without a preset gives none).
+_HAS_CONTEXT = (
+    f"(has({_A}) ? (has({_A}.contextLength) || has({_A}.preset)) : {_REPOSITORY} in {_BY_NAME})"
+)
+_CONTEXT_OF = (
+    f"((has({_A}) && has({_A}.contextLength)) ? {_A}.contextLength : {_CONTEXT}[{_PRESET}])"
 )
 # DCP rules beyond divisibility: only for GQA models whose TP the DCP divides.
 _GQA_DCP = f"{_DCP} == 1 || {_TP} % {_DCP} != 0 || !{_KNOWN} || {_MLA}"
 
-_FLAGS = "|".join(flag for flag in MANAGED_FLAGS)
-_MANAGED = f"^({_FLAGS})(=.*)?$"
+# Every spelling vLLM reads as a managed setting (shoal.api.flags).
+_MANAGED = managed_pattern()
 
 
 def _format(template: str, *values: str) -> str:
@@ -130,6 +153,21 @@ RULES: tuple[CelRule, ...] = (
             _KV,
         ),
         field_path=".parallelism.tensor",
+    ),
+    CelRule(
+        rule="max-model-len",
+        location="",
+        expression=f"!has(self.engine.maxModelLen) || !{_HAS_CONTEXT} || "
+        f"self.engine.maxModelLen <= {_CONTEXT_OF}",
+        message="spec.engine.maxModelLen exceeds the model's context length",
+        message_expression=_format(
+            "spec.engine.maxModelLen (%d) exceeds the model's context length (%d tokens, "
+            "max_position_embeddings): lower spec.engine.maxModelLen to at most %d",
+            "self.engine.maxModelLen",
+            _CONTEXT_OF,
+            _CONTEXT_OF,
+        ),
+        field_path=".engine.maxModelLen",
     ),
     CelRule(
         rule="pipeline-layers",
@@ -216,6 +254,20 @@ RULES: tuple[CelRule, ...] = (
         message="spec.model.source: give exactly one of pvc or hf",
     ),
     CelRule(
+        rule="cache-one-of",
+        location="model.cache",
+        expression="has(self.shared) != has(self.node)",
+        message="spec.model.cache: give exactly one of shared or node",
+    ),
+    CelRule(
+        rule="cache-needs-hub",
+        location="model",
+        expression="!has(self.cache) || !has(self.source) || !has(self.source.pvc)",
+        message="spec.model.cache: a model on a PersistentVolumeClaim is not downloaded: "
+        "remove spec.model.cache or load from the Hub (spec.model.source.hf)",
+        field_path=".cache",
+    ),
+    CelRule(
         rule="architecture-complete",
         location="model.architecture",
         expression="has(self.preset) || (has(self.layers) && has(self.queryHeads) && "
@@ -254,30 +306,20 @@ RULES: tuple[CelRule, ...] = (
         field_path=".maxNumBatchedTokens",
     ),
     CelRule(
-        rule="cache-one-of",
-        location="model.cache",
-        expression="has(self.shared) != has(self.node)",
-        message="spec.model.cache: give exactly one of shared or node",
-    ),
-    CelRule(
-        rule="cache-needs-hub",
-        location="model",
-        expression="!has(self.cache) || !has(self.source) || !has(self.source.pvc)",
-        message="spec.model.cache: a model on a PersistentVolumeClaim is not downloaded: "
-        "remove spec.model.cache or load from the Hub (spec.model.source.hf)",
-        field_path=".cache",
-    ),
-    CelRule(
         rule="managed-flags",
         location="engine.extraArgs",
-        expression=f"self.all(arg, !arg.matches('{_MANAGED}'))",
-        message="spec.engine.extraArgs must not set flags shoal derives from other fields "
-        "(parallelism, replicas, maxModelLen, maxNumSeqs, gpuMemoryUtilization, servedName, "
-        "prefixCaching, host, port, multi-node flags)",
+        expression=f"self.all(arg, !arg.replace('_', '-').matches('{_MANAGED}')) && "
+        "(size(self) == 0 || self[0].startsWith('-'))",
+        message="spec.engine.extraArgs must not set what shoal sets from other fields "
+        "(the model, parallelism, replicas, maxModelLen, maxNumSeqs, gpuMemoryUtilization, "
+        "servedName, prefixCaching, host, port, multi-node flags, a --config file), in any "
+        "spelling vLLM reads",
         message_expression=_format(
-            "%s: set by shoal from other fields, use spec.parallelism, spec.replicas, "
+            "%s: vLLM reads these as settings shoal sets from other fields (a positional "
+            "argument as the model): use spec.model, spec.parallelism, spec.replicas, "
             "spec.engine or spec.model.servedName instead",
-            f"self.filter(arg, arg.matches('{_MANAGED}'))",
+            f"self.filter(arg, arg.replace('_', '-').matches('{_MANAGED}') || (arg == self[0] && "
+            "!arg.startsWith('-')))",
         ),
     ),
     CelRule(

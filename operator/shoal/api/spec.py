@@ -273,7 +273,8 @@ class EngineSpec(ApiModel):
     )
     extra_args: list[str] = Field(
         default_factory=list,
-        max_length=64,
+        # Bounded for the API server's cost estimate of the managed-flags rule.
+        max_length=48,
         json_schema_extra={
             "items": {"type": "string", "maxLength": 1024},
             "x-kubernetes-list-type": "atomic",
@@ -551,6 +552,14 @@ class RolloutSpec(ApiModel):
         ge=1,
         le=1000,
         description="Replicas replaced at a time; each must warm up before the next goes.",
+    )
+    progress_deadline_seconds: int = Field(
+        default=900,
+        ge=5,
+        le=86400,
+        description="A replaced replica not warm within this (or whose engine cannot run at "
+        "all) gets its last good template back and the rollout pauses until the spec "
+        "changes again (Progressing=False, RolledBack). Long enough for the model to load.",
     )
 
 

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from shoal.api.capacity import RULE_FIELDS, layout_of, plan_spec
+from shoal.api.flags import refused_args
 from shoal.api.resource import VLLMCluster
 from shoal.api.spec import MAX_REPLICAS, VLLMClusterSpec
 from shoal.controller.names import DNS_LABEL_MAX, max_cluster_name_length, worker_set_name
@@ -24,31 +25,6 @@ from shoal.planner.plan import layout_refusals
 # the longest of them fits (controller.names.longest_derived_names).
 NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 MAX_NAME_LENGTH = max_cluster_name_length(max_index=MAX_REPLICAS - 1)
-
-# vLLM flags shoal derives from other fields, and the field that sets each.
-MANAGED_FLAGS = {
-    "--tensor-parallel-size": "spec.parallelism.tensor",
-    "-tp": "spec.parallelism.tensor",
-    "--pipeline-parallel-size": "spec.parallelism.pipeline",
-    "-pp": "spec.parallelism.pipeline",
-    "--decode-context-parallel-size": "spec.parallelism.decodeContext",
-    "-dcp": "spec.parallelism.decodeContext",
-    "--data-parallel-size": "spec.replicas",
-    "-dp": "spec.replicas",
-    "--max-model-len": "spec.engine.maxModelLen",
-    "--max-num-seqs": "spec.engine.maxNumSeqs",
-    "--max-num-batched-tokens": "spec.engine.maxNumBatchedTokens",
-    "--gpu-memory-utilization": "spec.engine.gpuMemoryUtilization",
-    "--served-model-name": "spec.model.servedName",
-    "--enable-prefix-caching": "spec.engine.prefixCaching",
-    "--no-enable-prefix-caching": "spec.engine.prefixCaching",
-    "--host": "shoal (the pod's address)",
-    "--port": "shoal (the engine port)",
-    "--headless": "shoal (multi-node replicas)",
-    "--nnodes": "shoal (multi-node replicas)",
-    "--node-rank": "shoal (multi-node replicas)",
-    "--master-addr": "shoal (multi-node replicas)",
-}
 
 
 @dataclass(frozen=True)
@@ -216,16 +192,10 @@ def _engine(spec: VLLMClusterSpec) -> list[SpecError]:
                 "batched-tokens",
             )
         )
-    for arg in engine.extra_args:
-        flag = arg.split("=", 1)[0]
-        if flag in MANAGED_FLAGS:
-            errors.append(
-                SpecError(
-                    "spec.engine.extraArgs",
-                    f"{flag} is set by shoal: use {MANAGED_FLAGS[flag]} instead",
-                    "managed-flags",
-                )
-            )
+    errors += [
+        SpecError("spec.engine.extraArgs", str(refused), "managed-flags")
+        for refused in refused_args(engine.extra_args)
+    ]
     return errors
 
 

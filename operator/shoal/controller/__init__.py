@@ -9,8 +9,9 @@ Pure (no I/O, and no kopf, aiohttp, httpx or kr8s loaded by importing them):
 builders `engine`, `router`, `services`, `desired` (with `identity`, `names`,
 `placement` and `pods`; `cache`: the model cache's claim and Job); decisions
 `observe` (listed objects -> facts), `decide`
-(facts -> actions) and `status` (facts and actions -> status), with
-`restarts` and `failures` (containers' states -> why, and what to do), and
+(facts -> actions, with `rollout`: deadlines and rollbacks) and `status`
+(facts and actions -> status), with `restarts` and `failures` (containers'
+states -> why, and what to do), and
 `autoscale` (the routers' demand -> replicas).
 
 I/O: `kube` (the API server), `probes`, `healthloop` and `warming` (the

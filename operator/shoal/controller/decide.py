@@ -42,8 +42,21 @@ from enum import StrEnum
 from shoal.api.spec import OnTimeout
 from shoal.api.status import ConditionStatus
 from shoal.controller.desired import ReplicaObjects, manifest_hash
+from shoal.controller.failures import replica_failure
 from shoal.controller.identity import Manifest
 from shoal.controller.observe import Observed, PodFacts, ReplicaFacts, SetFacts
+from shoal.controller.rollout import (
+    Marks,
+    RolloutPolicy,
+    RolloutState,
+    Stall,
+    created,
+    judge,
+    replaced,
+    stale,
+    stall,
+    stalled_on_spec,
+)
 from shoal.engine.metrics import MetricsSnapshot
 from shoal.health.assess import Assessment, Reason
 from shoal.warmup.verify import Verdict
@@ -71,6 +84,10 @@ class Desired:
     heal: HealPolicy | None = None
     # None: pods on lost nodes are left to Kubernetes.
     node_loss_seconds: float | None = None
+    # None: replacements are not judged (no deadline, no rollback).
+    rollout: RolloutPolicy | None = None
+    # By replica: its last good template, to give back if its new one cannot run.
+    fallback: Mapping[int, ReplicaObjects] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -204,6 +221,10 @@ class Decision:
     degraded: tuple[str, str] | None = None  # reason, message
     unhealthy: set[int] = field(default_factory=set)  # out of rotation, not being restarted
     unreachable: set[int] = field(default_factory=set)  # failing together: left alone
+    # Rollout marks to write on leader StatefulSets (by name): with their apply
+    # when they are applied, else as a patch.
+    marks: dict[str, Marks] = field(default_factory=dict)
+    stall: Stall | None = None  # the rollout's pause in force
 
     def poll(self, seconds: float = POLL_SECONDS) -> None:
         if self.requeue_seconds is None or seconds < self.requeue_seconds:
@@ -227,6 +248,9 @@ def joined(parts: Iterable[Decision]) -> Decision:
         whole.replacing |= part.replacing
         whole.unhealthy |= part.unhealthy
         whole.unreachable |= part.unreachable
+        whole.marks.update(part.marks)
+        if part.stall is not None:
+            whole.stall = part.stall
         if part.degraded is not None:
             whole.degraded = part.degraded
         if part.requeue_seconds is not None:
@@ -636,11 +660,18 @@ def _restart_broken_groups(observed: Observed, *, indices: set[int], nodes: int)
 def _create_missing(desired: Desired, missing: set[int]) -> Decision:
     part = Decision()
     for index in sorted(missing):
-        part.apply += desired.replicas[index].manifests
+        objects = desired.replicas[index]
+        part.apply += objects.manifests
+        if desired.rollout is not None:
+            part.marks[_name(objects.leader)] = created(desired.rollout)
         part.events.append(
             Event(EventType.NORMAL, "ReplicaCreated", f"created replica {index}", replica=index)
         )
     return part
+
+
+def _name(manifest: Manifest) -> str:
+    return str(manifest["metadata"]["name"])
 
 
 def _roll_out(
@@ -650,8 +681,9 @@ def _roll_out(
     in_flight: frozenset[int],
     skip: set[int],
 ) -> tuple[Decision, frozenset[int]]:
-    """Replace outdated replicas within the budget; also the replicas being
-    replaced once this part is carried out."""
+    """Replace outdated replicas within the budget, unless the rollout is
+    paused; give replacements that cannot run their last good template back;
+    also the replicas being replaced once this part is carried out."""
     part = Decision()
     replacing = set(in_flight)
     existing = {i: observed.replica(i) for i in sorted(desired.replicas) if i in observed.replicas}
@@ -659,6 +691,9 @@ def _roll_out(
         done = not needs_replacing(replica, desired.replicas[index])
         if done and healthy(replica, desired.nodes):
             replacing.discard(index)
+    judged = _judge_replacements(existing, desired, skip=skip)
+    part.stall = judged.stall
+    replacing |= judged.replacing
     unavailable = {
         i
         for i, r in existing.items()
@@ -667,16 +702,26 @@ def _roll_out(
     budget = desired.max_unavailable - len(unavailable)
     for index, replica in existing.items():
         objects = desired.replicas[index]
-        if replica.held or index in skip or not needs_replacing(replica, objects):
+        if replica.held or index in skip or index in judged.replacing:
             continue
+        if not needs_replacing(replica, objects):
+            continue
+        outdated = objects_outdated(replica, objects)
+        going_back = desired.rollout is not None and stalled_on_spec(desired.rollout, index)
+        if outdated and part.stall is not None and not going_back:
+            continue  # paused: no new template goes out while the spec is the one that stalled
         if index not in unavailable:
             if budget <= 0:
                 continue
             budget -= 1
         replacing.add(index)
         part.replacing.add(index)
-        if objects_outdated(replica, objects):
+        if outdated:
             part.apply += objects.manifests
+            if desired.rollout is not None:
+                serving = healthy(replica, desired.nodes)
+                marks = replaced(desired.rollout, index, serving=serving)
+                part.marks[_name(objects.leader)] = marks
             if objects.worker is None and replica.worker is not None:
                 part.delete_sets.append(replica.worker)
             part.events.append(
@@ -691,7 +736,68 @@ def _roll_out(
         if all(s.observed for s in replica.sets) and replica.outdated_pods():
             # The whole group: a rank from the old template could not join the new one.
             part.delete_pods += replica.members
+    part.apply += judged.apply
+    part.delete_sets += judged.delete_sets
+    part.marks.update(judged.marks)
+    part.events += judged.events
+    part.replacing |= judged.replacing
+    if judged.requeue_seconds is not None:
+        part.poll(judged.requeue_seconds)
     return part, frozenset(replacing)
+
+
+def _judge_replacements(
+    existing: Mapping[int, ReplicaFacts], desired: Desired, *, skip: set[int]
+) -> Decision:
+    """Replacements not yet warm: rolled back when they cannot run or their
+    deadline passed (the part's `replacing`), and the pause that follows;
+    finished ones and stale pauses get their marks rewritten."""
+    part = Decision()
+    policy = desired.rollout
+    if policy is None:
+        return part
+    part.stall = stall(policy)
+    for index, replica in existing.items():
+        objects = desired.replicas[index]
+        if replica.held or replica.leader is None:
+            continue
+        up_to_date = not objects_outdated(replica, objects)
+        # On its template: a pod of the old one still Ready is not the replacement serving.
+        serving = healthy(replica, desired.nodes) and not needs_replacing(replica, objects)
+        failure = replica_failure(replica)
+        fallback = desired.fallback.get(index)
+        verdict = judge(
+            policy,
+            index,
+            up_to_date=up_to_date,
+            serving=serving,
+            cannot_run=failure.message if failure is not None else None,
+            has_fallback=fallback is not None,
+        )
+        if verdict.wait_seconds is not None:
+            part.poll(verdict.wait_seconds)
+        marks = verdict.marks or stale(policy, index, up_to_date=up_to_date, serving=serving)
+        if marks is None:
+            continue
+        name = _name(objects.leader)
+        part.marks[name] = marks
+        if not verdict.stall:
+            continue
+        part.stall = Stall(
+            index,
+            RolloutState.ROLLED_BACK if verdict.roll_back else RolloutState.STALLED,
+            verdict.message,
+        )
+        part.events.append(
+            Event(EventType.WARNING, str(part.stall.state), verdict.message, replica=index)
+        )
+        if verdict.roll_back and fallback is not None:
+            part.replacing.add(index)
+            part.apply += fallback.manifests
+            part.marks[_name(fallback.leader)] = marks
+            if fallback.worker is None and replica.worker is not None:
+                part.delete_sets.append(replica.worker)
+    return part
 
 
 def _admit(

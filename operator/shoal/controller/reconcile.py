@@ -63,6 +63,7 @@ from shoal.controller.names import (
 from shoal.controller.observe import Observed, SetFacts, observe
 from shoal.controller.placement import GPU_COUNT_LABEL, with_gpu_facts
 from shoal.controller.restarts import seed_restart_times
+from shoal.controller.rollout import Marks, RolloutPolicy, held_back, marks_of, spec_text
 from shoal.controller.status import (
     Refusal,
     StatusInputs,
@@ -93,12 +94,30 @@ def now_text() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def stamped(manifest: Manifest) -> Manifest:
-    """The manifest with its own hash recorded on it."""
+def stamped(manifest: Manifest, marks: Marks | None = None) -> Manifest:
+    """The manifest with its own hash (and a new replica's rollout marks)
+    recorded on it."""
     copied = copy.deepcopy(manifest)
     annotations = copied["metadata"].setdefault("annotations", {})
     annotations[ANNOTATION_SPEC_HASH] = manifest_hash(manifest)
+    if marks is not None:
+        annotations.update({k: v for k, v in marks.annotations().items() if v is not None})
     return copied
+
+
+def rollout_policy(
+    spec: VLLMClusterSpec, observed: Observed, listed: Mapping[str, Manifest]
+) -> RolloutPolicy:
+    marks = {}
+    for index, replica in observed.replicas.items():
+        if replica.leader is not None:
+            marks[index] = marks_of(listed.get(f"StatefulSet/{replica.leader.name}"))
+    return RolloutPolicy(
+        spec_text=spec_text(spec),
+        deadline_seconds=float(spec.rollout.progress_deadline_seconds),
+        now_wall=time.time(),
+        marks=marks,
+    )
 
 
 def parse(body: Mapping[str, Any]) -> tuple[VLLMClusterSpec | None, list[SpecError]]:
@@ -137,11 +156,16 @@ async def _reconcile(
     changed: dict[str, list[str]] = {}
     if valid:
         assert spec is not None
-        fleet = desired_fleet(
+        policy = rollout_policy(spec, observed, listed)
+        fleet, fallback = held_back(
             ref,
-            spec,
-            router_image=ctx.settings.router_image,
-            router_pull_secrets=ctx.settings.router_pull_secrets,
+            desired_fleet(
+                ref,
+                spec,
+                router_image=ctx.settings.router_image,
+                router_pull_secrets=ctx.settings.router_pull_secrets,
+            ),
+            policy=policy,
         )
         if not paused:
             changed = drifted(fleet.all(), listed)
@@ -157,6 +181,8 @@ async def _reconcile(
             warmup=warmup_policy(spec),
             heal=heal_policy(spec),
             node_loss_seconds=float(spec.health.node_loss_seconds),
+            rollout=policy,
+            fallback=fallback,
         )
     refused: list[Refusal] = []
     download = None
@@ -231,8 +257,8 @@ async def _reconcile(
         ctx.post_event(body, event)
     _report_refusals(ctx, body, state, tuple(refused))
     await _write_status(ctx, ref, state, previous, status)
-    desired = spec.replicas if spec is not None else int(status.get("replicas") or 0)
-    ctx.metrics.observe_cluster((ref.namespace, ref.name), desired=desired, status=status)
+    replicas = spec.replicas if spec is not None else int(status.get("replicas") or 0)
+    ctx.metrics.observe_cluster((ref.namespace, ref.name), desired=replicas, status=status)
     requeue = decision.requeue_seconds
     if refused:
         # Refused writes are the user's to fix; look again, less and less often.
@@ -403,14 +429,20 @@ async def _nodes_not_ready(
 
 
 async def _apply(
-    ctx: OperatorContext, ref: ClusterRef, manifest: Manifest, refused: list[Refusal]
+    ctx: OperatorContext,
+    ref: ClusterRef,
+    manifest: Manifest,
+    refused: list[Refusal],
+    *,
+    marks: Marks | None = None,
 ) -> bool:
     """Apply; a refusal is noted in refused (the pass goes on with the other
-    children, and status and an Event say what was refused), not raised."""
+    children, and status and an Event say what was refused), not raised.
+    marks: a new leader StatefulSet's rollout marks."""
     name = manifest["metadata"]["name"]
     log = cluster_logger(ref.namespace, ref.name)
     try:
-        await ctx.kube.apply(stamped(manifest))
+        await ctx.kube.apply(stamped(manifest, marks))
     except ApiError as error:
         refused.append(Refusal(f"{manifest['kind']} {name}", error.status, error.message))
         log.warning("the API server refused %s %s: %s", manifest["kind"], name, error)
@@ -489,8 +521,23 @@ async def _act(
 ) -> None:
     if fleet is not None:
         await _apply_static(ctx, body, ref, state, fleet.before, live, refused)
+    sets = {s.name for r in observed.replicas.values() for s in r.sets}
+    marked = set()
     for manifest in decision.apply:
-        await _apply(ctx, ref, manifest, refused)
+        name = manifest["metadata"]["name"]
+        marks = decision.marks.get(name) if manifest["kind"] == "StatefulSet" else None
+        if marks is not None and name in sets:
+            # Before the template: a pass killed between the two still knows
+            # when the replica was replaced and what to go back to.
+            marked.add(name)
+            if not await _mark(ctx, ref, name, marks, refused):
+                continue
+        await _apply(ctx, ref, manifest, refused, marks=marks if name not in sets else None)
+        if marks is not None:
+            marked.add(name)
+    for name, marks in decision.marks.items():
+        if name not in marked and name in sets:
+            await _mark(ctx, ref, name, marks, refused)
     if fleet is not None:
         for manifest in fleet.after:
             router = observed.router
@@ -545,6 +592,24 @@ async def _act(
         )
     for event in decision.events:
         _post(ctx, body, ref, event)
+
+
+async def _mark(
+    ctx: OperatorContext, ref: ClusterRef, name: str, marks: Marks, refused: list[Refusal]
+) -> bool:
+    """Write a leader StatefulSet's rollout marks (a merge patch: None removes)."""
+    try:
+        await ctx.kube.patch(
+            "apps/v1",
+            "StatefulSet",
+            ref.namespace,
+            name,
+            {"metadata": {"annotations": marks.annotations()}},
+        )
+    except ApiError as error:
+        refused.append(Refusal(f"StatefulSet {name}", error.status, error.message))
+        return False
+    return True
 
 
 def _report_refusals(

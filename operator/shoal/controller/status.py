@@ -312,6 +312,8 @@ def _progressing(
                 "what runs is left as is"
             ),
         )
+    if (stall := inputs.decision.stall) is not None:
+        return False, str(stall.state), stall.message
     states = {r.index: r.state for r in replicas}
     draining = sorted(i for i, s in states.items() if s is ReplicaState.DRAINING)
     missing = [i for i in range(wanted) if inputs.observed.replica(i).leader is None]

@@ -111,6 +111,8 @@ _REPOSITORIES: dict[PresetName, tuple[str, ...]] = {
 _BY_REPOSITORY = {
     repository.lower(): preset for preset, names in _REPOSITORIES.items() for repository in names
 }
+# Public for the CRD's CEL rules, which recognise the same names at admission.
+REPOSITORY_PRESETS: dict[str, PresetName] = dict(_BY_REPOSITORY)
 
 
 def preset_for_model(model: str) -> PresetName | None:

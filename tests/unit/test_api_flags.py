@@ -1,0 +1,88 @@
+"""spec.engine.extraArgs read as vLLM 0.32's parser reads them: a managed
+setting is refused in every spelling vLLM accepts (underscores, `=`, dotted
+keys, unique prefixes, short flags with the value attached), as is a
+positional argument (vLLM's model), with the field to use instead; the CEL
+rule's pattern agrees on each."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from shoal.api.flags import MANAGED_SETTINGS, managed_pattern, refused_args
+from shoal.api.vllm_options import OPTIONS, VLLM_VERSION
+
+
+def test_the_options_are_vllm_0_32s() -> None:
+    assert VLLM_VERSION.startswith("0.32")
+    assert OPTIONS["--tensor-parallel-size"] == ("tensor_parallel_size", True)
+    assert OPTIONS["--enforce-eager"][1] is False
+
+
+def test_every_managed_setting_is_one_vllm_has() -> None:
+    dests = {dest for dest, _ in OPTIONS.values()} | {"model_tag"}
+    assert set(MANAGED_SETTINGS) <= dests
+
+
+def test_no_unmanaged_long_option_is_a_prefix_of_a_managed_one() -> None:
+    # The CEL pattern refuses every prefix of a managed option; an unmanaged
+    # option spelt as such a prefix would be refused with it.
+    managed = [o for o, (d, _) in OPTIONS.items() if d in MANAGED_SETTINGS and o[:2] == "--"]
+    clashes = [
+        (option, m)
+        for option, (dest, _) in OPTIONS.items()
+        if dest not in MANAGED_SETTINGS and option[:2] == "--"
+        for m in managed
+        if m != option and m.startswith(option)
+    ]
+    assert clashes == []
+
+
+@pytest.mark.parametrize(
+    ("args", "setting", "use"),
+    [
+        (["--tensor_parallel_size", "2"], "tensor_parallel_size", "spec.parallelism.tensor"),
+        (["--tensor-parallel-size=2"], "tensor_parallel_size", "spec.parallelism.tensor"),
+        (["--tensor-parallel", "2"], "tensor_parallel_size", "spec.parallelism.tensor"),
+        (["-tp2"], "tensor_parallel_size", "spec.parallelism.tensor"),
+        (["--max_model_len=4096"], "max_model_len", "spec.engine.maxModelLen"),
+        (["--device-memory-utilization", "0.5"], "gpu_memory_utilization", "spec.engine"),
+        (["--model", "other/model"], "model", "spec.model.name"),
+        (["--enforce-eager", "other/model"], "model_tag", "spec.model.name"),
+        (["--config", "serve.yaml"], "config", "extraArgs entry"),
+        (["--prefix_caching_hash_algo", "builtin"], "prefix_caching_hash_algo", "sha256_cbor"),
+    ],
+)
+def test_a_managed_setting_is_refused_in_any_spelling_with_the_field_to_use(
+    args: list[str], setting: str, use: str
+) -> None:
+    [refused] = refused_args(args)
+    assert refused.setting == setting
+    assert use in str(refused)
+    if setting != "model_tag":
+        assert re.match(managed_pattern(), refused.arg.replace("_", "-"))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--enforce-eager"],
+        ["--kv-cache-dtype", "fp8"],
+        ["--seed", "-1"],
+        ["--compilation-config.mode", "3"],
+        ["--compilation-config", '{"mode": 3}'],
+        ["--model-impl", "vllm"],
+        ["--max-num-partial-prefills=2"],
+        ["-q", "fp8"],
+        ["-O3"],
+    ],
+)
+def test_settings_shoal_does_not_manage_pass(args: list[str]) -> None:
+    assert refused_args(args) == []
+    flags = [a for a in args if a.startswith("-") and not re.match(r"^-\d", a)]
+    assert not any(re.match(managed_pattern(), a.replace("_", "-")) for a in flags)
+
+
+def test_what_follows_an_option_vllm_does_not_know_is_its_value_not_the_model() -> None:
+    assert refused_args(["--sim-time-scale", "50", "--enforce-eager"]) == []
