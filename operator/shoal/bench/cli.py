@@ -384,7 +384,15 @@ def run_compare_command(args: argparse.Namespace) -> int:
             current[1] += 0 if outcome.ok else 1
             progress.update(current[0], advance=1, failed=current[1])
 
-        report = run_compare(plan, workdir=args.workdir, on_start=started, on_outcome=seen)
+        def partial(results: list[dict[str, Any]]) -> None:
+            if args.save is not None:  # what a stopped sweep had measured
+                args.save.parent.mkdir(parents=True, exist_ok=True)
+                partial_path = args.save.with_suffix(".partial.json")
+                partial_path.write_text(json.dumps(json_safe({"results": results}), indent=2))
+
+        report = run_compare(
+            plan, workdir=args.workdir, on_start=started, on_outcome=seen, on_result=partial
+        )
     title = f"shoal bench compare: {args.workload}, {args.replicas} x {args.profile}"
     if args.kv_blocks is not None:
         title += f" ({args.kv_blocks} KV blocks)"

@@ -15,13 +15,14 @@ themselves are in `run_compare`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import importlib
 import math
 import statistics
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from shoal.bench.local import FleetSpec, LocalFleet
 from shoal.bench.measure import measure
 from shoal.bench.peers import PEERS, is_peer, parse_peer_policy
 from shoal.bench.workloads import Workload
+from shoal.procs import ProcessExited
 from shoal.sim.profiles import PROFILES
 
 # A policy's P99 TTFT may grow to this many times its idle value before the
@@ -92,7 +94,10 @@ def run_compare(
     workdir: Path | None = None,
     on_start: RunStarted | None = None,
     on_outcome: OutcomeSeen | None = None,
+    on_result: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> dict[str, Any]:
+    """Every run of the plan; `on_result` is called with the results so far
+    after each run (a long sweep keeps what it measured if it is stopped)."""
     profile = PROFILES[plan.spec.profile]
     workdir = workdir or Path(tempfile.mkdtemp(prefix="shoal-bench-"))
     results: list[dict[str, Any]] = []
@@ -115,13 +120,14 @@ def run_compare(
                 if on_start is not None:
                     on_start(policy, rate, seed, len(workload.requests))
                 name = f"{policy.replace(':', '-')}-{rate:g}-seed{seed}"
-                with LocalFleet(
+                fleet = LocalFleet(
                     spec,
                     policy=policy,
                     workdir=workdir / name,
                     router_config=configs.get(policy, {}),
                     router_replicas=plan.router_replicas,
-                ) as fleet:
+                )
+                with _started(fleet):
                     result, _ = asyncio.run(
                         measure(
                             fleet.routers,
@@ -149,6 +155,8 @@ def run_compare(
                         **result,
                     }
                 )
+                if on_result is not None:
+                    on_result(results)
     single = len(plan.rates) == 1
     summary = over_seeds(results) if len(plan.seeds) > 1 else results
     shoal_policies = [p for p in plan.policies if not is_peer(p)]
@@ -177,6 +185,23 @@ def run_compare(
         report["knees"] = knees(summary)
         report["operating_point"] = operating_point(summary)
     return report
+
+
+@contextlib.contextmanager
+def _started(fleet: LocalFleet, *, attempts: int = 2) -> Iterator[LocalFleet]:
+    """The fleet, started; a start that timed out (a router slow to answer
+    on a loaded machine) is tried once more before the sweep gives up."""
+    for attempt in range(attempts):
+        try:
+            fleet.__enter__()
+            break
+        except (TimeoutError, ProcessExited):
+            if attempt == attempts - 1:
+                raise
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
 
 
 # Result fields whose median over seeds the summary gives.

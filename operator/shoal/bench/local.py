@@ -19,6 +19,9 @@ from typing import Any
 from shoal.bench.peers import is_peer, parse_peer_policy, start_peer, wait_routing
 from shoal.procs import HOST, LocalProcess, free_ports, start_router, start_sim, wait_scraped
 
+# How long a fleet's simulator and each router may take to answer.
+STARTUP_SECONDS = 90.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class FleetSpec:
@@ -101,7 +104,7 @@ class LocalFleet:
         )
         self._processes.append(sim)
         self.engines = list(sim.urls)
-        sim.wait_http("/health")
+        sim.wait_http("/health", timeout=STARTUP_SECONDS)
         started = [self._start_router(i) for i in range(self.router_replicas)]
         for router in started:
             self._wait_router(router)
@@ -126,7 +129,9 @@ class LocalFleet:
 
     def _wait_router(self, router: LocalProcess) -> None:
         if not is_peer(self.policy):
-            router.wait_http("/ready")
+            # A benchmark's deadline, not a measure: on a loaded machine a
+            # router's imports alone took 30 s of wall time.
+            router.wait_http("/ready", timeout=STARTUP_SECONDS)
             # Routing on load needs the first scrape of every engine to have landed.
             wait_scraped(router.url, self.engines, timeout=30)
             return
