@@ -37,6 +37,9 @@ RARELY_USED = {
     ("", "pods", "", "delete"): "group restarts, health restarts and lost nodes",
     ("apps", "statefulsets", "", "delete"): "scale-down removes a replica's StatefulSets",
     ("", "configmaps", "", "get"): "warm-up prompts from a ConfigMap the user names",
+    ("serving.shoal.dev", "vllmclusters", "scale", "patch"): "only with spec.autoscaling",
+    ("autoscaling", "horizontalpodautoscalers", "", "list"): "only with spec.autoscaling",
+    ("keda.sh", "scaledobjects", "", "list"): "only with spec.autoscaling",
 }
 
 

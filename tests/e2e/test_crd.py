@@ -110,7 +110,8 @@ def test_get_shows_the_printer_columns_and_scale_changes_spec_replicas(
         )  # fmt: skip
         header, row = testbed.kubectl("get", "vlc", "-n", ns).splitlines()
         assert header.split() == [
-            "NAME", "REPLICAS", "READY", "WARM", "TP", "PP", "MODEL", "POLICY", "STATUS", "AGE"
+            "NAME", "REPLICAS", "READY", "WARM", "TP", "PP", "MODEL", "POLICY", "STATUS",
+            "DESIRED", "CURRENT", "AGE",
         ]  # fmt: skip
         assert row.split()[:8] == [
             name, "2", "2", "1", "8", "1", "/models/Llama-3.1-70B-Instruct", "cache-aware"

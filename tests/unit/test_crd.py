@@ -131,6 +131,8 @@ def test_subresources_names_and_columns() -> None:
         "Model",
         "Policy",
         "Status",
+        "Desired",
+        "Current",
         "Age",
     ]
 

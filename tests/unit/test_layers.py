@@ -43,6 +43,7 @@ PURE_CONTROLLER = (
     "status",
 )
 IO_CONTROLLER = (
+    "autoscaler",
     "cli",
     "context",
     "downloads",

@@ -40,6 +40,18 @@ PRINTER_COLUMNS = (
         "Degraded's reason: AsExpected, or what fails (EngineCrashLooping, ImagePullFailing, "
         "...); kubectl describe shows what to do.",
     ),
+    (
+        "Desired",
+        "integer",
+        ".status.autoscaling.desiredReplicas",
+        "Replicas the built-in autoscaler asks for (empty when spec.autoscaling is off).",
+    ),
+    (
+        "Current",
+        "integer",
+        ".status.autoscaling.currentReplicas",
+        "Replicas that existed at its last decision.",
+    ),
 )
 
 # Keys dropped from every node: pydantic's, or not allowed in a structural schema.

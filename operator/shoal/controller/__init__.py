@@ -15,7 +15,8 @@ states -> why, and what to do), and
 `autoscale` (the routers' demand -> replicas).
 
 I/O: `kube` (the API server), `probes`, `healthloop` and `warming` (the
-engines), `reconcile` (one pass: read, decide, act),
+engines), `autoscaler` (reads the routers, sets the scale subresource),
+`reconcile` (one pass: read, decide, act),
 `downloads` (the model cache's Job and claim), `handlers` (kopf),
 `context`, `metrics` and `logs` (process state), `cli` (`shoal operator`).
 

@@ -27,6 +27,8 @@ import kopf
 
 from shoal.api import GROUP, PLURAL, VERSION
 from shoal.api.status import ConditionStatus
+from shoal.controller.autoscaler import PERIOD_SECONDS as AUTOSCALE_SECONDS
+from shoal.controller.autoscaler import AutoscalerState, autoscale
 from shoal.controller.context import ClusterKey, ClusterState, OperatorContext
 from shoal.controller.decide import Event, EventType
 from shoal.controller.identity import ClusterRef, Manifest
@@ -174,6 +176,17 @@ async def cluster_daemon(
         ctx.forget(ClusterRef.of(body))
 
 
+async def autoscale_timer(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The built-in autoscaler's round (spec.autoscaling); returns nothing, so
+    kopf stores nothing in status."""
+    if "autoscaler" not in memo:
+        memo["autoscaler"] = AutoscalerState()
+    try:
+        await autoscale(context_of(memo), body, memo["autoscaler"])
+    except _TRANSIENT as error:
+        cluster_logger(*key_of(body)).warning("autoscaler round failed: %s", error)
+
+
 async def child_changed(
     labels: kopf.Labels, namespace: str | None, memo: kopf.Memo, **_: Any
 ) -> None:
@@ -207,6 +220,9 @@ def build_registry() -> kopf.OperatorRegistry:
             reconcile_handler
         )
     kopf.daemon(*resource, id="watch", registry=registry, cancellation_timeout=10.0)(cluster_daemon)
+    kopf.timer(*resource, id="autoscale", interval=AUTOSCALE_SECONDS, registry=registry)(
+        autoscale_timer
+    )
     children = {LABEL_CLUSTER: kopf.PRESENT}
     for kind, child in INDEXED_KINDS.items():
         kopf.index(*child, id=index_id(kind), labels=children, registry=registry)(index_child)

@@ -363,7 +363,7 @@ async def _probe(
             if pod.ip
         }
         routers = (
-            await _router_pods(ctx, ref) if targets and spec.health.router_errors.enabled else {}
+            await router_pods(ctx, ref) if targets and spec.health.router_errors.enabled else {}
         )
         assessed = ctx.health.update(
             ref,
@@ -380,9 +380,10 @@ async def _probe(
     )
 
 
-async def _router_pods(ctx: OperatorContext, ref: ClusterRef) -> dict[str, str]:
+async def router_pods(ctx: OperatorContext, ref: ClusterRef) -> dict[str, str]:
     """The cluster's running router pods (uid -> IP), whose /metrics the health
-    loop reads for each replica's errors; none when they cannot be listed."""
+    loop (each replica's errors) and the autoscaler (demand) read; none when
+    they cannot be listed."""
     try:
         pods = await ctx.kube.list(
             "v1", "Pod", ref.namespace, selector_text(router_selector(ref.name))

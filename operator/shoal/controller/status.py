@@ -404,11 +404,16 @@ def degraded_event(
     return Event(EventType.WARNING, str(now.get("reason")), str(now.get("message")))
 
 
+# Status fields another writer owns (the autoscaler's): never compared, nulled or written here.
+FOREIGN_STATUS = frozenset({"autoscaling"})
+
+
 def status_patch(previous: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any] | None:
     """The merge patch turning previous into status (top-level fields no longer
     set become null), or None when nothing changed."""
-    if dict(previous) == dict(status):
+    own = {key: value for key, value in previous.items() if key not in FOREIGN_STATUS}
+    if own == dict(status):
         return None
-    patch: dict[str, Any] = {key: None for key in previous if key not in status}
+    patch: dict[str, Any] = {key: None for key in own if key not in status}
     patch.update(status)
     return patch

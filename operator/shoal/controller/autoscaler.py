@@ -1,0 +1,237 @@
+"""The built-in autoscaler's I/O, one round per cluster every PERIOD_SECONDS
+(a kopf timer, `handlers`): read every router pod's /metrics, sum their
+demand, let `autoscale.decide_scale` choose, and set spec.replicas through
+the scale subresource under a field manager of its own, as an HPA would.
+The rest of the operator then does what any scale does: new replicas are
+created and warm-gated before they take traffic, removed ones drained first.
+
+It stands aside while an HPA or a KEDA ScaledObject targets the cluster (two
+scalers would fight over spec.replicas). It writes status.autoscaling
+(desired, current, the signal, the last decision and why) when the decision
+changes, and a signal that only moved at most every STATUS_REFRESH_SECONDS;
+off, it writes nothing (an idle fleet makes no writes)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from kr8s.asyncio.objects import new_class
+
+from shoal.api import API_VERSION, KIND
+from shoal.api.spec import VLLMClusterSpec
+from shoal.controller.autoscale import (
+    Demand,
+    RouterDemand,
+    ScaleDecision,
+    ScaleMemory,
+    ScalePolicy,
+    ScaleReason,
+    decide_scale,
+    parse_router_demand,
+    total_demand,
+)
+from shoal.controller.context import OperatorContext
+from shoal.controller.decide import Event, EventType
+from shoal.controller.identity import ClusterRef
+from shoal.controller.kube import ApiError
+from shoal.controller.logs import cluster_logger
+from shoal.controller.names import ANNOTATION_PAUSED, ROUTER_PORT
+from shoal.controller.reconcile import now_text, parse, router_pods
+from shoal.engine.client import METRICS_DEADLINE_SECONDS
+from shoal.engine.endpoints import base_url
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "shoal-autoscaler"
+# How often each cluster's routers are read: a request held at zero replicas
+# waits at most this long before the operator hears of it.
+PERIOD_SECONDS = 2.0
+STATUS_REFRESH_SECONDS = 15.0
+
+# KEDA's ScaledObject, beside the kinds kr8s knows (listed only if installed).
+SCALED_OBJECT_API = "keda.sh/v1alpha1"
+ScaledObject = new_class("ScaledObject", SCALED_OBJECT_API, namespaced=True, plural="scaledobjects")
+
+
+@dataclass
+class AutoscalerState:
+    """One cluster's autoscaler memory, kept in kopf's per-object memo."""
+
+    memory: ScaleMemory = field(default_factory=ScaleMemory)
+    answered: dict[str, float] = field(default_factory=dict)  # router pod uid -> count
+    written: dict[str, Any] | None = None  # status.autoscaling as last written
+    written_at: float = 0.0
+    # The count last set, and the generation it was set on: the body may lag.
+    set_to: tuple[int, int] | None = None
+    keda_missing: bool = False  # no ScaledObject kind on this API server
+
+
+def policy_of(spec: VLLMClusterSpec) -> ScalePolicy:
+    scaling = spec.autoscaling
+    assert scaling is not None
+    return ScalePolicy(
+        min_replicas=scaling.min_replicas,
+        max_replicas=scaling.max_replicas,
+        target=float(scaling.target(spec.engine.max_num_seqs)),
+        tolerance=scaling.tolerance,
+        up_window_seconds=float(scaling.scale_up_stabilization_seconds),
+        down_window_seconds=float(scaling.scale_down_stabilization_seconds),
+        idle_seconds=float(scaling.idle_seconds),
+    )
+
+
+async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: AutoscalerState) -> None:
+    """One round for one cluster."""
+    meta = body["metadata"]
+    ref = ClusterRef.of(body)
+    status = body.get("status") or {}
+    if not (body.get("spec") or {}).get("autoscaling"):
+        if status.get("autoscaling") is not None or state.written is not None:
+            await _write(ctx, ref, state, None)
+        return
+    spec, errors = parse(body)
+    paused = (meta.get("annotations") or {}).get(ANNOTATION_PAUSED) == "true"
+    if spec is None or errors or spec.autoscaling is None or paused:
+        return  # the reconciler reports an invalid spec; a paused cluster is left alone
+    policy = policy_of(spec)
+    current = spec.replicas
+    generation = int(meta.get("generation", 0))
+    if state.set_to is not None and state.set_to[1] == generation:
+        current = state.set_to[0]  # our scale is not in this body yet
+    existing = status.get("replicas")
+    now = time.monotonic()
+    other = await _other_scaler(ctx, ref, state)
+    if other is not None:
+        decision = ScaleDecision(
+            desired=current,
+            reason=ScaleReason.STOOD_ASIDE,
+            message=f"{other} scales this cluster: the built-in autoscaler changes nothing",
+            recommended=None,
+            memory=state.memory,
+        )
+        demand = Demand(requests=None, arrived=False)
+        routers = 0
+    else:
+        scrapes = await _read_routers(ctx, await router_pods(ctx, ref))
+        routers = sum(1 for found in scrapes.values() if found is not None)
+        demand, state.answered = total_demand(scrapes, state.answered)
+        decision = decide_scale(
+            policy, demand=demand, current=current, memory=state.memory, now=now
+        )
+        state.memory = decision.memory
+    scaled_at = (state.written or {}).get("lastScaleTime")
+    if decision.desired != current:
+        await ctx.kube.patch(
+            API_VERSION,
+            KIND,
+            ref.namespace,
+            ref.name,
+            {"spec": {"replicas": decision.desired}},
+            subresource="scale",
+            field_manager=FIELD_MANAGER,
+        )
+        state.set_to = (decision.desired, generation + 1)
+        scaled_at = now_text()
+        cluster_logger(ref.namespace, ref.name).info("%s: %s", decision.reason, decision.message)
+        ctx.post_event(body, Event(EventType.NORMAL, str(decision.reason), decision.message))
+    elif other is not None and (state.written or {}).get("standingAsideFor") != other:
+        ctx.post_event(body, Event(EventType.NORMAL, str(decision.reason), decision.message))
+    written: dict[str, Any] = {
+        "desiredReplicas": decision.desired,
+        "currentReplicas": existing if isinstance(existing, int) else current,
+        "demand": demand.requests,
+        "targetPerReplica": int(policy.target),
+        "routers": routers,
+        "lastDecision": str(decision.reason),
+        "message": decision.message,
+        "lastScaleTime": scaled_at,
+        "standingAsideFor": other,
+    }
+    await _write(ctx, ref, state, {k: v for k, v in written.items() if v is not None})
+
+
+async def _write(
+    ctx: OperatorContext,
+    ref: ClusterRef,
+    state: AutoscalerState,
+    autoscaling: dict[str, Any] | None,
+) -> None:
+    """status.autoscaling (None: removed), when it changed: at once for a new
+    decision, at most every STATUS_REFRESH_SECONDS when only the signal moved."""
+    before = state.written
+    if before is not None and autoscaling is not None:
+        moving = ("demand", "message")
+        kept = {k: v for k, v in before.items() if k not in moving}
+        if kept == {k: v for k, v in autoscaling.items() if k not in moving} and (
+            before == autoscaling or time.monotonic() - state.written_at < STATUS_REFRESH_SECONDS
+        ):
+            return
+    # A merge patch keeps fields it does not name: those no longer set are nulled.
+    value: dict[str, Any] | None = None
+    if autoscaling is not None:
+        value = {key: None for key in before or {} if key not in autoscaling}
+        value.update(autoscaling)
+    await ctx.kube.patch(
+        API_VERSION,
+        KIND,
+        ref.namespace,
+        ref.name,
+        {"status": {"autoscaling": value}},
+        subresource="status",
+        field_manager=FIELD_MANAGER,
+    )
+    state.written, state.written_at = autoscaling, time.monotonic()
+
+
+async def _other_scaler(
+    ctx: OperatorContext, ref: ClusterRef, state: AutoscalerState
+) -> str | None:
+    """The HPA or ScaledObject targeting the cluster, if any (kind/name)."""
+    hpas = await ctx.kube.list("autoscaling/v2", "HorizontalPodAutoscaler", ref.namespace, "")
+    for hpa in hpas:
+        if _targets(hpa, ref):
+            return f"HorizontalPodAutoscaler/{hpa['metadata']['name']}"
+    if state.keda_missing:
+        return None
+    try:
+        scaled = await ctx.kube.list(SCALED_OBJECT_API, "ScaledObject", ref.namespace, "")
+    except ApiError as error:
+        if error.status != 404:
+            raise
+        state.keda_missing = True  # KEDA not installed; its HPA would show above anyway
+        return None
+    for found in scaled:
+        if _targets(found, ref):
+            return f"ScaledObject/{found['metadata']['name']}"
+    return None
+
+
+def _targets(scaler: Mapping[str, Any], ref: ClusterRef) -> bool:
+    target = (scaler.get("spec") or {}).get("scaleTargetRef") or {}
+    return bool(target.get("kind") == KIND and target.get("name") == ref.name)
+
+
+async def _read_routers(
+    ctx: OperatorContext, routers: Mapping[str, str]
+) -> dict[str, RouterDemand | None]:
+    """Each router pod's demand (by uid), None where it did not answer."""
+    found = await asyncio.gather(*(_read_router(ctx, ip) for ip in routers.values()))
+    return dict(zip(routers, found, strict=True))
+
+
+async def _read_router(ctx: OperatorContext, ip: str) -> RouterDemand | None:
+    try:
+        response = await ctx.engine.http.get(
+            base_url(ip, port=ROUTER_PORT) + "/metrics", timeout=METRICS_DEADLINE_SECONDS
+        )
+        if response.status_code != 200:
+            return None
+        return parse_router_demand(response.text)
+    except (httpx.HTTPError, ValueError):
+        return None
