@@ -70,8 +70,10 @@ class StatusInputs:
 
 def build_status(inputs: StatusInputs) -> dict[str, Any]:
     spec, observed = inputs.spec, inputs.observed
-    nodes = nodes_per_replica(spec) if spec is not None else 1
-    wanted = spec.replicas if spec is not None else len(observed.replicas)
+    # An invalid spec is not acted on: status describes the replicas that run.
+    acted_on = spec if spec is not None and not inputs.errors else None
+    nodes = nodes_per_replica(acted_on) if acted_on is not None else _running_nodes(observed)
+    wanted = acted_on.replicas if acted_on is not None else len(observed.replicas)
     # A replica beyond spec.replicas is listed while its StatefulSets exist.
     kept = {i for i, r in observed.replicas.items() if i < wanted or r.sets}
     indices = sorted(kept | set(range(wanted)))
@@ -106,6 +108,11 @@ def build_status(inputs: StatusInputs) -> dict[str, Any]:
         replica_statuses=replicas,
     )
     return status.to_json()
+
+
+def _running_nodes(observed: Observed) -> int:
+    """Pods per replica of the fleet as it runs (its StatefulSets' groups)."""
+    return max((len(r.members) for r in observed.replicas.values()), default=1) or 1
 
 
 def _endpoint(inputs: StatusInputs) -> str | None:
@@ -270,7 +277,9 @@ def _ready(inputs: StatusInputs, *, wanted: int, warm: int) -> tuple[bool, str, 
     if warm < wanted:
         return False, "ReplicasNotWarm", f"{warm} of {wanted} replicas are warm and Ready"
     spec, router = inputs.spec, inputs.observed.router
-    if spec is not None and spec.router.replicas > 0 and (router is None or router.available < 1):
+    if spec is not None and spec.router.replicas == 0:
+        return False, "NoRouter", "spec.router.replicas is 0: no router serves the endpoint"
+    if spec is not None and (router is None or router.available < 1):
         return False, "RouterUnavailable", "no router pod is available yet"
     return True, "Serving", f"all {wanted} replicas are warm and Ready behind the router"
 
