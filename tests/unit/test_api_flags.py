@@ -11,6 +11,7 @@ import re
 import pytest
 
 from shoal.api.flags import MANAGED_SETTINGS, managed_pattern, refused_args
+from shoal.api.validation import validate_cluster
 from shoal.api.vllm_options import OPTIONS, VLLM_VERSION
 
 
@@ -86,3 +87,19 @@ def test_settings_shoal_does_not_manage_pass(args: list[str]) -> None:
 
 def test_what_follows_an_option_vllm_does_not_know_is_its_value_not_the_model() -> None:
     assert refused_args(["--sim-time-scale", "50", "--enforce-eager"]) == []
+
+
+def test_a_size_in_bytes_units_says_which_quantity_to_write() -> None:
+    from tests.unit.test_api_models import manifest
+
+    [error] = validate_cluster(manifest(gpu={"memory": "80GB"}))
+    assert error.field == "spec.gpu.memory"
+    assert "for 80GB write 80Gi" in error.message
+
+
+def test_a_misspelt_field_gets_the_nearest_field_as_a_suggestion() -> None:
+    from tests.unit.test_api_models import manifest
+
+    [error] = validate_cluster(manifest(engine={"maxModelLength": 8192}))
+    assert error.field == "spec.engine.maxModelLength"
+    assert "did you mean maxModelLen?" in error.message

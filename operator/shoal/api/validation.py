@@ -6,7 +6,9 @@ these as `SpecValid=False`; `shoal plan -f` prints them."""
 
 from __future__ import annotations
 
+import difflib
 import re
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,9 +94,52 @@ def _schema_error(detail: ErrorDetails) -> SpecError:
     message = str(detail["msg"]).removeprefix("Value error, ")
     if detail["type"] == "extra_forbidden":
         message = "unknown field: check its spelling against `kubectl explain vllmcluster.spec`"
+        close = difflib.get_close_matches(str(detail["loc"][-1]), _fields_at(detail["loc"][:-1]))
+        if close:
+            message = f"unknown field: did you mean {close[0]}?"
+    elif (fix := _quantity_fix(detail.get("input"))) is not None:
+        message = f"{message}; {fix}"
     elif detail["type"] == "missing":
         message = "required field is missing"
     return SpecError(field=path, message=message, rule="schema")
+
+
+_BYTES = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKMGTPE])i?B\s*$")
+
+
+def _quantity_fix(given: Any) -> str | None:
+    """For a size written in bytes' units (80GB, 512MiB): the quantity meant."""
+    found = _BYTES.match(given) if isinstance(given, str) else None
+    if found is None:
+        return None
+    number, unit = found.groups()
+    unit = unit.upper()
+    return f"for {given.strip()} write {number}{unit}i ({number}{unit} is decimal, 10^N bytes)"
+
+
+def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The camelCase field names the object at loc (a schema error's path) has."""
+    model: Any = VLLMCluster
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        fields = getattr(model, "model_fields", None)
+        if fields is None:
+            return []
+        found = next((f for n, f in fields.items() if part in (n, f.alias)), None)
+        if found is None:
+            return []
+        model = _model_of(found.annotation)
+    fields = getattr(model, "model_fields", None) or {}
+    return [f.alias or n for n, f in fields.items()]
+
+
+def _model_of(annotation: Any) -> Any:
+    """The model inside X | None or list[X]."""
+    for arg in typing.get_args(annotation):
+        if hasattr(arg, "model_fields") or typing.get_args(arg):
+            return _model_of(arg)
+    return annotation
 
 
 def validate_spec(spec: VLLMClusterSpec) -> list[SpecError]:
