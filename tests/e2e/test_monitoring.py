@@ -23,6 +23,7 @@ restarts it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -43,6 +44,7 @@ from tests.e2e.kube import apply, get_json, wait_for
 from tests.e2e.operator_env import (
     cluster_manifest,
     delete_clusters,
+    events,
     install_crd,
     router_url,
     wait_ready,
@@ -59,9 +61,11 @@ FLEET = "fleet"
 # The scraper the NetworkPolicy admits (values' networkPolicy.metricsFrom).
 SCRAPER_NAMESPACE = {"kubernetes.io/metadata.name": "monitoring"}
 SCRAPER_POD = {"app.kubernetes.io/name": "prometheus"}
+# Quick to find the hung replica, slow enough (5 s canary) not to take a
+# busy machine's slow answers for a hang.
 FAST_HEALTH = {
     "periodSeconds": 1,
-    "canaryTimeoutSeconds": 1,
+    "canaryTimeoutSeconds": 5,
     "failureThreshold": 2,
     "restartBackoff": {"initialSeconds": 1, "maxSeconds": 2},
 }
@@ -130,6 +134,18 @@ def _look_alike(apps: str) -> dict[str, Any]:
     }
 
 
+def _wait_for_series(prometheus: Prometheus, expr: str, *, what: str, timeout: float) -> None:
+    """Wait for expr to return series; a timeout says what Prometheus scrapes."""
+    try:
+        wait_for(lambda: prometheus.query(expr), what=what, timeout=timeout, interval=1)
+    except TimeoutError as error:
+        targets = [
+            f"{t['labels'].get('job')} {t['labels'].get('pod')} {t['health']} {t['lastError']}"
+            for t in prometheus.targets()
+        ]
+        raise TimeoutError(f"{error}; targets:\n" + "\n".join(targets)) from None
+
+
 @pytest.fixture(scope="module")
 def monitored(
     testbed: Testbed, prometheus: Prometheus, tmp_path_factory: pytest.TempPathFactory
@@ -166,16 +182,14 @@ def monitored(
         url = router_url(testbed, apps, FLEET)
         with SteadyLoad(url) as load:
             wait_for(lambda: len(load.routed) >= 20, what="steady load flowing", timeout=60)
-            # The restart counter's 0 is scraped before the restart, so the
-            # alert sees an increase.
-            wait_for(
-                lambda: prometheus.query(
-                    f'shoal_operator_events_total{{reason="ReplicaRestarted", namespace="{apps}",'
-                    f' vllmcluster="{FLEET}"}} == 0'
-                ),
-                what="the restart counter at 0 in Prometheus",
+            # The restart counter (from 0) is scraped before the restart, so
+            # the alert sees an increase.
+            _wait_for_series(
+                prometheus,
+                f'shoal_operator_events_total{{reason="ReplicaRestarted", namespace="{apps}",'
+                f' vllmcluster="{FLEET}"}}',
+                what="the restart counter in Prometheus",
                 timeout=90,
-                interval=1,
             )
             # Every replica answers a fifth of its requests 500 for a while
             # (whichever the router prefers): it retries them elsewhere, the
@@ -186,16 +200,16 @@ def monitored(
             faults = [f"http://{e['status']['podIP']}:8000/_sim/fault" for e in engines]
             for url_of_faults in faults:
                 httpx.post(url_of_faults, json={"error_rate": 0.2}, timeout=5).raise_for_status()
-            wait_for(
-                lambda: prometheus.query(
-                    f'shoal_router_retries_total{{namespace="{apps}", vllmcluster="{FLEET}"}}'
-                ),
+            _wait_for_series(
+                prometheus,
+                f'shoal_router_retries_total{{namespace="{apps}", vllmcluster="{FLEET}"}}',
                 what="router retries in Prometheus",
                 timeout=60,
-                interval=1,
             )
             for url_of_faults in faults:
-                httpx.post(url_of_faults, json={"error_rate": 0}, timeout=5).raise_for_status()
+                # A replica restarted meanwhile has no faults left to clear.
+                with contextlib.suppress(httpx.ConnectError):
+                    httpx.post(url_of_faults, json={"error_rate": 0}, timeout=5)
             hung = get_json(testbed, "pod", f"{FLEET}-r1-0", "-n", apps)
             engine = f"http://{hung['status']['podIP']}:8000"
             httpx.post(engine + "/_sim/fault", json={"hang": True}, timeout=5).raise_for_status()
@@ -334,7 +348,7 @@ def test_the_network_policy_selects_only_shoals_engines_and_admits_the_configure
 
 
 def test_a_hung_replicas_restart_fires_the_replica_restarted_alert(
-    prometheus: Prometheus, monitored: Monitored
+    testbed: Testbed, prometheus: Prometheus, monitored: Monitored
 ) -> None:
     def firing() -> list[dict[str, Any]]:
         return [
@@ -349,6 +363,13 @@ def test_a_hung_replicas_restart_fires_the_replica_restarted_alert(
     assert alerts[0]["labels"]["vllmcluster"] == FLEET
     assert alerts[0]["labels"]["severity"] == "warning"
     assert f"{monitored.apps}/{FLEET}" in alerts[0]["annotations"]["summary"]
+    # The restart is the hung replica's (replica 1), as its Event says.
+    restarts = [
+        e["message"]
+        for e in events(testbed, monitored.apps, FLEET)
+        if e["reason"] == "ReplicaRestarted"
+    ]
+    assert any("replica 1" in m for m in restarts), restarts
 
 
 # ---- the dashboard
