@@ -239,6 +239,28 @@ class HotPrefixes(ApiModel):
     )
 
 
+class RouterTracing(ApiModel):
+    """OpenTelemetry traces of each request (W3C trace context): queueing, the routing
+    decision and each upstream attempt. Off by default; needs the `tracing` extra
+    (`pip install shoal[tracing]`). Without it, a client's traceparent still reaches
+    the engines unchanged."""
+
+    otlp_endpoint: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://",
+        description="OTLP/HTTP traces endpoint the router exports its spans to, e.g. "
+        "http://otel-collector.monitoring:4318/v1/traces. Unset: no spans are recorded.",
+    )
+    sample_ratio: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="Share of new traces recorded; a request that comes with a traceparent "
+        "follows its caller's sampling decision.",
+    )
+
+
 class RouterSettings(ApiModel):
     """How the router routes and copes with slow or failing replicas."""
 
@@ -299,6 +321,7 @@ class RouterSettings(ApiModel):
         description="For debugging: answers name the replica that served them "
         "(x-shoal-replica: its pod name, or host:port). Off, nothing internal is shown.",
     )
+    tracing: RouterTracing = Field(default_factory=RouterTracing)
     hot_prefixes: HotPrefixes = Field(default_factory=HotPrefixes)
     api_key_reload_seconds: int = Field(
         default=10,

@@ -30,6 +30,7 @@ from shoal.router.metrics import RouterMetrics
 from shoal.router.proxy import Proxy
 from shoal.router.routes import register as register_routes
 from shoal.router.scrape import Scraper
+from shoal.router.tracing import Tracing
 
 log = logging.getLogger("shoal.router")
 
@@ -52,6 +53,7 @@ class Router:
         key_file: KeyFile | None = None,
         *,
         engine_key_file: KeyFile | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.config = config
         self.discovery = discovery
@@ -78,6 +80,9 @@ class Router:
         )
         if engine_key_file is not None:
             self.proxy.set_engine_key(engine_key_file.keys[0])
+        # tracing: given (tests), or as config.tracing says (None when off).
+        self.tracing = tracing or Tracing.from_settings(config.tracing)
+        self.proxy.tracing = self.tracing
         self.scraper = Scraper(fleet=self.fleet, metrics=self.metrics, on_change=self._after_scrape)
         self.draining = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -135,6 +140,8 @@ class Router:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.proxy.close()
+        if self.tracing is not None:
+            self.tracing.shutdown()  # exports the spans still batched
 
     async def drain(self) -> None:
         """Stop being Ready, then let in-flight requests finish (bounded)."""

@@ -31,6 +31,7 @@ from shoal.router.metrics import RouterMetrics
 from shoal.router.policy import Choice, Chooser, RequestFacts
 from shoal.router.prefix import PrefixKey, hash_text, prefix_key, request_facts
 from shoal.router.relay import ChunkRelay
+from shoal.router.tracing import NOT_TRACED, Tracing
 from shoal.router.routes import Refusal, route_of
 from shoal.router.routes import plan as plan_request
 from shoal.router.upstream import Exchange, Pool, UpstreamError, request_head
@@ -105,6 +106,7 @@ class Proxy:
         self.metrics = metrics
         self.api_keys = api_keys
         self.hot = hot
+        self.tracing: Tracing | None = None  # set when tracing is on
         self.chooser = Chooser(config)
         self.engine_authorization = b""  # the header line engines are sent, if any
         self.capacity_changed = asyncio.Condition()
@@ -163,7 +165,12 @@ class Proxy:
         given = request.headers.get(REQUEST_ID_HEADER)
         request_id = given if given and _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
         try:
-            response = await self._handle(request, request_id)
+            if self.tracing is None:
+                response = await self._handle(request, request_id)
+            else:
+                with self.tracing.request(request, request_id) as traced:
+                    response = await self._handle(request, request_id)
+                    traced.answered(response.status)
         except Exception as error:
             response = internal_error(request, error)
         if not response.prepared:  # a stream got it with its headers
@@ -175,7 +182,8 @@ class Proxy:
         arrive as aiohttp parsed them (no CR or LF), surrogate-escaped."""
         headers = request.headers
         lines = [b"X-Request-Id: %s\r\n" % request_id.encode()]
-        for name in _TRACE_HEADERS:
+        # Traced, the router's own spans are the engine's parents (per attempt).
+        for name in _TRACE_HEADERS if self.tracing is None else ():
             value = headers.get(name)
             if value:
                 lines.append(b"%s: %s\r\n" % (name.encode(), _raw(value)))
@@ -288,7 +296,11 @@ class Proxy:
                     # tried already): queueing would only delay the answer.
                     break
                 if choice is None:
-                    waited = await self._wait_for_capacity(key, facts, tried)
+                    if self.tracing is None:
+                        waited = await self._wait_for_capacity(key, facts, tried)
+                    else:
+                        with self.tracing.queued():
+                            waited = await self._wait_for_capacity(key, facts, tried)
                     if isinstance(waited, web.Response):
                         return waited
                     choice = waited
@@ -298,20 +310,35 @@ class Proxy:
                 replica = self.fleet.replicas.get(choice.replica)
                 if replica is None:
                     continue
+                if self.tracing is not None:
+                    self.tracing.routed(
+                        choice,
+                        replica=replica.endpoint.name,
+                        policy=self.config.policy.value,
+                        attempt=attempt,
+                        since=t0,
+                    )
                 tried.add(replica.id)
                 self.fleet.index.record(replica.id, key.hashes)
                 try:
                     # What the replica must prefill of this prompt, as far as we know.
                     prefill = facts.prompt_tokens - choice.predicted_hit * facts.prefix_tokens
-                    response = await self._forward(
-                        request,
-                        replica,
-                        plan.payload(raw, replica.id),
-                        request_id=request_id,
-                        identity=identity,
-                        stream=stream,
-                        prefill=prefill,
+                    attempt_span = (
+                        NOT_TRACED
+                        if self.tracing is None
+                        else self.tracing.attempt(replica.endpoint.name, attempt=attempt)
                     )
+                    with attempt_span as traced:
+                        response = await self._forward(
+                            request,
+                            replica,
+                            plan.payload(raw, replica.id),
+                            request_id=request_id,
+                            identity=identity + traced.header,
+                            stream=stream,
+                            prefill=prefill,
+                        )
+                        traced.answered(response.status)
                 except UpstreamFailed as failure:
                     last_failure = failure.reason
                     self.metrics.retries.labels(failure.reason).inc()
