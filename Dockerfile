@@ -23,7 +23,12 @@ RUN if [ -n "$PIP_CERT" ]; then export PIP_CERT; else unset PIP_CERT; fi \
     && rm -rf /opt/shoal/operator /opt/shoal/build /opt/shoal/*.egg-info
 
 # Non-root, matching the chart's runAsUser; nothing is written outside /tmp,
-# so the root filesystem can be mounted read-only.
+# so the root filesystem can be mounted read-only. The user has a passwd entry:
+# kopf names the operator's peering identity by getpass.getuser(), which fails
+# for a uid without one.
+RUN echo 'shoal:x:10001:10001:shoal:/tmp:/usr/sbin/nologin' >> /etc/passwd \
+    && echo 'shoal:x:10001:' >> /etc/group
+ENV HOME=/tmp
 USER 10001:10001
 ENTRYPOINT ["shoal"]
 CMD ["--help"]

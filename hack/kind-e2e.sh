@@ -2,20 +2,23 @@
 # End to end on kind, for machines with Docker (it cannot run where CI runs:
 # no Docker engine there; the testbed in hack/shoal_testbed plays this part).
 # Fake GPUs: each worker node advertises nvidia.com/gpu through a status patch,
-# and engine pods run the simulator image (`shoal sim` accepts vLLM's flags).
+# and engine pods run shoal-engine-sim (NOT vLLM: its `vllm serve` entrypoint
+# runs `shoal sim` with the same flags; hack/image/engine-sim.Dockerfile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cluster=${CLUSTER:-shoal-e2e}
 image=${IMAGE:-shoal:dev}
+engine_image=${ENGINE_IMAGE:-shoal-engine-sim:dev}
 
 docker build -t "$image" .
+docker build -t "$engine_image" --build-arg SHOAL_IMAGE="$image" -f hack/image/engine-sim.Dockerfile .
 kind create cluster --name "$cluster" --config - <<'KIND'
 kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4
 nodes: [{role: control-plane}, {role: worker}, {role: worker}]
 KIND
 trap 'kind delete cluster --name "$cluster"' EXIT
-kind load docker-image "$image" --name "$cluster"
+kind load docker-image "$image" "$engine_image" --name "$cluster"
 
 for node in $(kubectl get nodes -l '!node-role.kubernetes.io/control-plane' -o name); do
   kubectl label "$node" nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3 --overwrite
@@ -27,8 +30,8 @@ helm install shoal charts/shoal --namespace shoal-system --create-namespace \
   --set image.repository="${image%:*}" --set image.tag="${image#*:}" --wait
 helm test shoal --namespace shoal-system
 
-# The simulator stands in for vLLM: same image, same flags.
-sed "s|^  replicas: 4|  replicas: 2\n  image: $image|" examples/llama-8b-single-gpu.yaml \
+# The stand-in engine image: the operator's engine pod spec (vllm serve ...) unchanged.
+sed "s|^  replicas: 4|  replicas: 2\n  image: $engine_image|" examples/llama-8b-single-gpu.yaml \
   | kubectl apply -f -
 kubectl wait vllmcluster/llama-8b --for=condition=Ready --timeout=300s
 kubectl get vllmclusters

@@ -11,7 +11,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache_root="${SHOAL_CACHE:-$HOME/.cache/shoal}"
 suite=bookworm
-packages=python3,python3-venv
+packages=python3,python3-venv,libstdc++6  # libstdc++: numpy's wheels (the bench extra)
 
 log() { printf '[image-base %s] %s\n' "$(date +%T)" "$*" >&2; }
 
