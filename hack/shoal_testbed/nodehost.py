@@ -296,6 +296,10 @@ def leftovers(layout: NodeLayout) -> list[str]:
     for path in (layout.run_dir, layout.state_dir):
         if path.exists():
             found.append(f"directory {path}")
+    # kube-proxy's rules live in the node's namespace; none may reach the host's.
+    rules = subprocess.run(["iptables-save"], capture_output=True, text=True, timeout=30).stdout
+    if "KUBE-" in rules:
+        found.append("kube-proxy's iptables rules in the host's namespace")
     with contextlib.suppress(OSError), open("/proc/self/mountinfo") as mounts:
         for line in mounts:
             mount_point = line.split()[4]

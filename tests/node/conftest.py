@@ -1,0 +1,36 @@
+"""The testbed with its real node (kubelet + containerd, docs/real-node.md).
+
+Reuses a testbed started by `make testbed-up` when it has the real node;
+otherwise starts a private one with the node for this session and stops it at
+the end (`make testbed-down`'s teardown, checked to leave nothing behind)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal_testbed import nodehost
+from shoal_testbed.cluster import DEFAULT_DIR, REPO, Testbed, bin_dir, missing_binaries
+from tests.conftest import require
+
+
+@pytest.fixture(scope="session")
+def node_testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
+    missing = missing_binaries() + nodehost.missing(REPO, bin_dir())
+    require(not missing, f"the real node needs: {'; '.join(missing)}: run `make node image`")
+    running = Testbed.attach(Path(os.environ.get("SHOAL_TESTBED_DIR", DEFAULT_DIR)))
+    if running is not None and running.state is not None and running.state.real_node:
+        yield running
+        return
+    bed = Testbed(tmp_path_factory.mktemp("testbed"), owned_by_caller=True, real_node=True)
+    state = bed.up()
+    try:
+        yield bed
+    finally:
+        bed.down()
+        # `make testbed-down` leaves nothing of the node behind.
+        left = nodehost.leftovers(state.node_layout())
+        assert not left, f"the real node's teardown left: {left}"
