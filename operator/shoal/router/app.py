@@ -14,13 +14,13 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from shoal.router.config import RouterConfig
-from shoal.router.discovery import PodWatcher, static_endpoints
 from shoal.router.connections import (
     KEEPALIVE_SECONDS,
     MAX_HEADERS,
     MAX_LINE_BYTES,
     GuardedRunner,
 )
+from shoal.router.discovery import PodWatcher, static_endpoints
 from shoal.router.errors import drop_server_header, error_response, guarded
 from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.heap import settle

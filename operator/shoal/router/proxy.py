@@ -31,9 +31,9 @@ from shoal.router.metrics import RouterMetrics
 from shoal.router.policy import Choice, Chooser, RequestFacts
 from shoal.router.prefix import PrefixKey, hash_text, prefix_key, request_facts
 from shoal.router.relay import ChunkRelay
-from shoal.router.tracing import NOT_TRACED, Tracing
 from shoal.router.routes import Refusal, route_of
 from shoal.router.routes import plan as plan_request
+from shoal.router.tracing import NOT_TRACED, Tracing
 from shoal.router.upstream import Exchange, Pool, UpstreamError, request_head
 
 log = logging.getLogger("shoal.router")
