@@ -241,16 +241,16 @@ def test_an_hpa_targeting_the_cluster_makes_the_autoscaler_stand_aside(
     }
     apply(testbed, ns, hpa)
     status = wait_for(
-        lambda: (s := autoscaling_status(testbed, ns, "aside")).get("standingAsideFor") and s,
+        lambda: (s := autoscaling_status(testbed, ns, "aside")).get("stoodAsideFor") and s,
         what="status.autoscaling naming the HPA",
         timeout=30,
     )
-    assert status["standingAsideFor"] == "HorizontalPodAutoscaler/aside-hpa"
+    assert status["stoodAsideFor"] == "HorizontalPodAutoscaler/aside-hpa"
     assert status["lastDecision"] == "StoodAside"
     assert "StoodAside" in reasons(testbed, ns, "aside")
     testbed.kubectl("delete", "hpa", "aside-hpa", "-n", ns)
     wait_for(
-        lambda: "standingAsideFor" not in autoscaling_status(testbed, ns, "aside"),
+        lambda: "stoodAsideFor" not in autoscaling_status(testbed, ns, "aside"),
         what="the autoscaler back once the HPA is gone",
         timeout=30,
     )

@@ -24,6 +24,7 @@ import httpx
 from kr8s.asyncio.objects import new_class
 
 from shoal.api import API_VERSION, KIND
+from shoal.api.autoscaling import AutoscalingStatus
 from shoal.api.spec import VLLMClusterSpec
 from shoal.controller.autoscale import (
     Demand,
@@ -140,20 +141,21 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
         scaled_at = now_text()
         cluster_logger(ref.namespace, ref.name).info("%s: %s", decision.reason, decision.message)
         ctx.post_event(body, Event(EventType.NORMAL, str(decision.reason), decision.message))
-    elif other is not None and (state.written or {}).get("standingAsideFor") != other:
+    elif other is not None and (state.written or {}).get("stoodAsideFor") != other:
         ctx.post_event(body, Event(EventType.NORMAL, str(decision.reason), decision.message))
-    written: dict[str, Any] = {
-        "desiredReplicas": decision.desired,
-        "currentReplicas": existing if isinstance(existing, int) else current,
-        "demand": demand.requests,
-        "targetPerReplica": int(policy.target),
-        "routers": routers,
-        "lastDecision": str(decision.reason),
-        "message": decision.message,
-        "lastScaleTime": scaled_at,
-        "standingAsideFor": other,
-    }
-    await _write(ctx, ref, state, {k: v for k, v in written.items() if v is not None})
+    # Through the status model: its field names are the CRD's (others are pruned).
+    written = AutoscalingStatus(
+        desired_replicas=decision.desired,
+        current_replicas=existing if isinstance(existing, int) else current,
+        demand=demand.requests,
+        target_per_replica=int(policy.target),
+        routers=routers,
+        last_decision=str(decision.reason),
+        message=decision.message,
+        last_scale_time=scaled_at,
+        stood_aside_for=other,
+    ).model_dump(by_alias=True, exclude_none=True)
+    await _write(ctx, ref, state, written)
 
 
 async def _write(
