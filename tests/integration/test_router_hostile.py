@@ -128,10 +128,10 @@ def test_a_router_bug_answers_an_openai_shaped_500_and_logs_one_line(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # No hostile input is known to still break a handler: the bug is planted.
-    def broken(*_: object) -> str:
+    def broken(*_: object, **__: object) -> str:
         raise RuntimeError("planted bug")
 
-    monkeypatch.setattr(proxy, "render_prompt", broken)
+    monkeypatch.setattr(proxy, "plan_request", broken)
     monkeypatch.setattr(Fleet, "routable", broken)
     router_ = Router(RouterConfig(), Discovery(endpoints=["http://127.0.0.1:9"]))
 
