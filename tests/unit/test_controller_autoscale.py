@@ -189,3 +189,22 @@ def test_demand_is_in_flight_plus_queued_summed_over_the_routers() -> None:
 def test_no_router_answering_is_no_signal() -> None:
     demand, _ = total_demand({"a": None}, {"a": 3.0})
     assert demand.requests is None
+
+
+def test_a_first_round_without_load_waits_a_whole_down_window_before_scaling_down() -> None:
+    # A new cluster (or a restarted operator) with no load yet: 60 s window at 5 s a round.
+    policy = dataclasses.replace(POLICY, min_replicas=1)
+    memory = ScaleMemory()
+    current, seen = 2, []
+    for i in range(14):
+        decision = decide_scale(
+            policy,
+            demand=Demand(requests=0, arrived=False),
+            current=current,
+            memory=memory,
+            now=1000.0 + 5 * i,
+        )
+        current, memory = decision.desired, decision.memory
+        seen.append(current)
+    assert seen[:12] == [2] * 12
+    assert seen[-1] == 1

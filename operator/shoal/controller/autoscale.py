@@ -153,6 +153,11 @@ def decide_scale(
         last_active = now
     horizon = max(policy.up_window_seconds, policy.down_window_seconds)
     kept = tuple((t, n) for t, n in memory.recommendations if now - t <= horizon)
+    if memory.started is None:
+        # A first round (a new cluster, a restarted operator): the count as it
+        # is stands for the window before, as an HPA seeds its own, so a
+        # scale-down still waits a whole down window.
+        kept = ((now - 1e-6, current),)
     bounded = _clamp(policy, current)
     if demand.requests is None:
         return _outcome(
