@@ -62,8 +62,9 @@ class Condition(ApiModel):
     type: str = Field(
         max_length=316,
         description="Ready (every replica serving through the router), Available (at "
-        "least spec.minAvailable replicas serving through the router), Progressing (a rollout or scale is "
-        "under way), Degraded (replicas failing or past their restart budget) or SpecValid.",
+        "least spec.minAvailable replicas serving through the router), Progressing (a "
+        "rollout or scale is under way), Degraded (replicas failing or past their restart "
+        "budget) or SpecValid.",
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     observed_generation: int | None = Field(

@@ -212,10 +212,7 @@ class Proxy:
             )
             refused.force_close()
             return refused
-        if (
-            request.content_length is not None
-            and request.content_length > self.max_body_bytes
-        ):
+        if request.content_length is not None and request.content_length > self.max_body_bytes:
             self.metrics.rejected.labels("too_large").inc()
             return error_response(413, f"Request body exceeds {self.config.max_body_bytes} bytes.")
         try:
