@@ -16,10 +16,11 @@ ARG PIP_CERT=
 WORKDIR /opt/shoal
 COPY pyproject.toml README.md ./
 COPY operator ./operator
-# The bench extra: `shoal demo` and `shoal bench` run in the image too.
+# The bench extra: `shoal demo` and `shoal bench` run in the image too; the tracing
+# extra: a router with spec.router.tracing.otlpEndpoint set exports its spans.
 RUN if [ -n "$PIP_CERT" ]; then export PIP_CERT; else unset PIP_CERT; fi \
     && python3 -m venv /opt/shoal/venv \
-    && pip install --no-compile --disable-pip-version-check '.[bench]' \
+    && pip install --no-compile --disable-pip-version-check '.[bench,tracing]' \
     && rm -rf /opt/shoal/operator /opt/shoal/build /opt/shoal/*.egg-info
 
 # Non-root, matching the chart's runAsUser; nothing is written outside /tmp,
