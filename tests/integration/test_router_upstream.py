@@ -152,7 +152,9 @@ def test_a_chunked_body_reaches_the_sink_as_each_piece_arrives() -> None:
             pool = Pool(connect_seconds=1)
             first = asyncio.Event()
             exchange = await pool.open(address)
-            exchange.send(request_head(b"POST", b"/", address, 0), on_first=first.set)
+            exchange.send(
+                request_head(b"POST", b"/", address, 0), on_first=lambda _status: first.set()
+            )
             await exchange.head
 
             def sink(chunk: bytes) -> None:
