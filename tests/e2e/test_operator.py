@@ -105,6 +105,7 @@ def test_a_vllmcluster_becomes_engines_and_a_router_that_serve_and_go_when_delet
     assert status["endpoint"] == f"http://llama-router.{ns}.svc:8000"
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         "Ready": "True",
+        "Available": "True",
         "Progressing": "False",
         "Degraded": "False",
         "SpecValid": "True",

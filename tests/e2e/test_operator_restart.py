@@ -66,7 +66,9 @@ def test_an_operator_killed_after_the_first_statefulset_converges_without_duplic
                 )
                 first.kill()
             assert names(children(testbed, ns, "fleet", "statefulsets")) == ["fleet-r0"]
-            assert not children(testbed, ns, "fleet", "deployments")
+            # A refused write no longer ends the pass (it becomes a condition), so
+            # the router may exist already: at most the one.
+            assert names(children(testbed, ns, "fleet", "deployments")) in ([], ["fleet-router"])
             first_uid = get_json(testbed, "statefulset", "fleet-r0", "-n", ns)["metadata"]["uid"]
             testbed.kubectl("delete", "resourcequota", "one-statefulset", "-n", ns)
 
