@@ -50,6 +50,7 @@ IO_CONTROLLER = (
     "handlers",
     "healthloop",
     "kube",
+    "login",
     "logs",
     "metrics",
     "probes",

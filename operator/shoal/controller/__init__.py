@@ -18,6 +18,7 @@ I/O: `kube` (the API server), `probes`, `healthloop` and `warming` (the
 engines), `autoscaler` (reads the routers, sets the scale subresource),
 `reconcile` (one pass: read, decide, act),
 `downloads` (the model cache's Job and claim), `handlers` (kopf),
-`context`, `metrics` and `logs` (process state), `cli` (`shoal operator`).
+`context`, `metrics` and `logs` (process state), `login` (kopf's
+credentials), `cli` (`shoal operator`).
 
 tests/unit/test_layers.py holds every module of the package to this list."""

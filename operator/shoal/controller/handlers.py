@@ -33,6 +33,7 @@ from shoal.controller.context import ClusterKey, ClusterState, OperatorContext
 from shoal.controller.decide import Event, EventType
 from shoal.controller.identity import ClusterRef, Manifest
 from shoal.controller.kube import ApiError
+from shoal.controller.login import login  # kopf's credentials, as kr8s finds them
 from shoal.controller.logs import cluster_logger
 from shoal.controller.names import DOMAIN, FINALIZER, LABEL_CLUSTER
 from shoal.controller.reconcile import reconcile
@@ -201,11 +202,6 @@ async def node_changed(status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:
     ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready"]
     if ready and ready[0].get("status") != ConditionStatus.TRUE:
         context_of(memo).wakeups.poke_all()
-
-
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """kopf's own credentials: in-cluster ServiceAccount, else the kubeconfig."""
-    return kopf.login_via_client(**kwargs)
 
 
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
