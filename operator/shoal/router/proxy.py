@@ -165,12 +165,11 @@ class Proxy:
         given = request.headers.get(REQUEST_ID_HEADER)
         request_id = given if given and _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
         try:
-            if self.tracing is None:
+            with (
+                NOT_TRACED if self.tracing is None else self.tracing.request(request, request_id)
+            ) as traced:
                 response = await self._handle(request, request_id)
-            else:
-                with self.tracing.request(request, request_id) as traced:
-                    response = await self._handle(request, request_id)
-                    traced.answered(response.status)
+                traced.answered(response.status)
         except Exception as error:
             response = internal_error(request, error)
         if not response.prepared:  # a stream got it with its headers
@@ -293,11 +292,8 @@ class Proxy:
                     # tried already): queueing would only delay the answer.
                     break
                 if choice is None:
-                    if self.tracing is None:
+                    with NOT_TRACED if self.tracing is None else self.tracing.queued():
                         waited = await self._wait_for_capacity(key, facts, tried)
-                    else:
-                        with self.tracing.queued():
-                            waited = await self._wait_for_capacity(key, facts, tried)
                     if isinstance(waited, web.Response):
                         return waited
                     choice = waited
