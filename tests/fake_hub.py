@@ -1,6 +1,7 @@
 """A Hugging Face Hub on loopback for tests: the two routes a download uses
 (the file listing with sizes, and each file's bytes), an optional token it
-requires (401 without it, as for a gated model), and a count of what it
+requires (401 without it, as for a gated model), a rate it may serve files
+at (so a download lasts long enough to be watched), and a count of what it
 served, so a test can tell a download from a reuse."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import collections
 import http.server
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,14 +27,16 @@ class FakeHub:
     url: str = ""
     served: collections.Counter[str] = field(default_factory=collections.Counter)
     listings: int = 0
+    # Files' bytes at this rate (None: as fast as loopback goes).
+    bytes_per_second: float | None = None
 
 
-def tiny_model_files() -> dict[str, bytes]:
+def tiny_model_files(*, weight_bytes: int = 16384) -> dict[str, bytes]:
     """A stand-in model: what the simulator's --sim-load-model reads."""
     return {
         "config.json": json.dumps({"architectures": ["LlamaForCausalLM"]}).encode(),
         "tokenizer.json": b"{}",
-        "model.safetensors": bytes(range(256)) * 64,
+        "model.safetensors": bytes(range(256)) * (weight_bytes // 256),
         "original/consolidated.00.pth": b"x" * 1024,
     }
 
@@ -60,15 +64,19 @@ def serve_hub(hub: FakeHub) -> Iterator[FakeHub]:
             elif path.startswith(resolve) and path[len(resolve) :] in hub.files:
                 name = path[len(resolve) :]
                 hub.served[name] += 1
-                self._answer(200, hub.files[name])
+                self._answer(200, hub.files[name], rate=hub.bytes_per_second)
             else:
                 self._answer(404, b'{"error": "Repository Not Found"}')
 
-        def _answer(self, code: int, body: bytes) -> None:
+        def _answer(self, code: int, body: bytes, *, rate: float | None = None) -> None:
             self.send_response(code)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            piece = len(body) if rate is None else max(1, int(rate / 10))
+            for start in range(0, len(body), piece):
+                self.wfile.write(body[start : start + piece])
+                if rate is not None:
+                    time.sleep(piece / rate)
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     hub.url = f"http://127.0.0.1:{server.server_address[1]}"

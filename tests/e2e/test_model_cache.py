@@ -5,7 +5,9 @@ runner plays it) against a Hub on loopback. With a wrong token the Job fails
 and status says so (Degraded DownloadFailed, the 401 and the Secret to set,
 replicas Downloading, no engine pod); with the right one the files are
 fetched once, both replicas load them from the claim, and a restarted
-replica loads them again without a download."""
+replica loads them again without a download. While a (slow) download runs,
+status.model.download shows its bytes rising toward the model's size, and
+Progressing and `kubectl get vlc -o wide` say how far it is."""
 
 from __future__ import annotations
 
@@ -104,7 +106,7 @@ def test_the_model_is_downloaded_once_and_every_replica_and_restart_loads_it_fro
         wait_ready(testbed, ns, "cached", 2, timeout=150)
         assert (model_dir / ".shoal-complete").exists()
         assert dict(hub.served) == {name: 1 for name in files if not name.startswith("original/")}
-        leaders = _leaders(testbed, ns)
+        leaders = _leaders(testbed, ns, "cached")
         for pod in leaders:
             assert f"loaded model from {model_dir}" in loaded_from(testbed, ns, pod)
 
@@ -115,7 +117,7 @@ def test_the_model_is_downloaded_once_and_every_replica_and_restart_loads_it_fro
             lambda: any(
                 p["metadata"]["uid"] != restarted["metadata"]["uid"]
                 and f"loaded model from {model_dir}" in loaded_from(testbed, ns, p)
-                for p in _leaders(testbed, ns)
+                for p in _leaders(testbed, ns, "cached")
             ),
             what="the restarted replica loading the cached model",
             timeout=90,
@@ -126,10 +128,59 @@ def test_the_model_is_downloaded_once_and_every_replica_and_restart_loads_it_fro
     testbed.kubectl("delete", "pv", f"{ns}-pv", "--wait=false", check=False)
 
 
-def _leaders(bed: Testbed, ns: str) -> list[dict[str, Any]]:
+def test_status_shows_the_download_s_bytes_rising_toward_the_model_s_size(
+    testbed: Testbed, ns: str, tmp_path: Path
+) -> None:
+    storage = tmp_path / "volume"
+    testbed.kubectl(
+        "apply", "-f", "-", input_text=yaml.safe_dump(host_volume(f"{ns}-pv", storage, ns))
+    )
+    files = tiny_model_files(weight_bytes=6 << 20)
+    total = sum(len(b) for name, b in files.items() if not name.startswith("original/"))
+    # About 24 s for the weights: several of the operator's looks (every 5 s).
+    with serve_hub(FakeHub(REPO, files, bytes_per_second=256 << 10)) as hub:
+        manifest = cluster_manifest("slow", replicas=1, tensor=1, model=REPO)
+        spec = manifest["spec"]
+        spec["model"]["cache"] = {"shared": {"size": "1Gi", "storageClassName": ns}}
+        spec["engine"]["env"] = [{"name": "HF_ENDPOINT", "value": hub.url}]
+        apply(testbed, ns, manifest)
+
+        seen: list[dict[str, Any]] = []
+        wide = ""
+
+        def finished() -> bool:
+            nonlocal wide
+            status = cluster(testbed, ns, "slow").get("status", {})
+            download = status.get("model", {}).get("download", {})
+            if download.get("state") == "Running" and download.get("bytes") is not None:
+                if not seen or seen[-1]["bytes"] != download["bytes"]:
+                    seen.append(download)
+                    progressing = {c["type"]: c for c in status.get("conditions", [])}.get(
+                        "Progressing", {}
+                    )
+                    assert download["progress"] in progressing.get("message", "")
+                if not wide and download["bytes"] < total:
+                    wide = testbed.kubectl("get", "vlc", "slow", "-n", ns, "-o", "wide")
+            return download.get("state") == "Complete"
+
+        wait_for(finished, what="the download complete", timeout=120, interval=0.5)
+        wait_ready(testbed, ns, "slow", 1, timeout=90)
+
+    byte_counts = [d["bytes"] for d in seen]
+    assert len([b for b in byte_counts if 0 < b < total]) >= 2, seen
+    assert byte_counts == sorted(byte_counts), seen
+    assert {d["totalBytes"] for d in seen} == {total}
+    assert all(d["bytesPerSecond"] > 0 for d in seen if d["bytes"] > 0), seen
+    assert "of 6.00 MiB (" in seen[-1]["progress"] and "left" in seen[-1]["progress"]
+    header, row = wide.splitlines()[:2]
+    assert "DOWNLOAD" in header and "MiB of 6.00 MiB" in row
+    testbed.kubectl("delete", "pv", f"{ns}-pv", "--wait=false", check=False)
+
+
+def _leaders(bed: Testbed, ns: str, name: str) -> list[dict[str, Any]]:
     found = [
         p
-        for p in children(bed, ns, "cached", "pods")
+        for p in children(bed, ns, name, "pods")
         if p["metadata"]["labels"].get("serving.shoal.dev/role") == "leader"
         and not p["metadata"].get("deletionTimestamp")
     ]

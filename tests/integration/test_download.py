@@ -1,7 +1,8 @@
 """`shoal download` (the model cache's Job) against a Hub on loopback: it
 fetches the model's files but the original checkpoint, a second run fetches
 nothing, a missing file is fetched alone, and a gated model without a token
-fails with one line naming the Secret to set."""
+fails with one line naming the Secret to set; while it runs it serves its
+progress (bytes of the total, rising) on GET /progress."""
 
 from __future__ import annotations
 
@@ -10,21 +11,36 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+
+from shoal.download.progress import Progress, from_json
+from shoal.procs import free_port, wait_until
 from tests.fake_hub import COMMIT, FakeHub, serve_hub, tiny_model_files
 
 REPO = "org/tiny"
 
 
-def download(
-    hub: FakeHub, directory: Path, *, token: str | None = None
-) -> subprocess.CompletedProcess[str]:
+def download_env(hub: FakeHub, *, token: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HF_ENDPOINT")}
     env["HF_ENDPOINT"] = hub.url
     if token is not None:
         env["HF_TOKEN"] = token
+    return env
+
+
+def argv(directory: Path, *, port: int = 0) -> list[str]:
+    return [
+        *(sys.executable, "-m", "shoal.cli", "download", "--repo", REPO),
+        *("--dir", str(directory), "--host", "127.0.0.1", "--progress-port", str(port)),
+    ]
+
+
+def download(
+    hub: FakeHub, directory: Path, *, token: str | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shoal.cli", "download", "--repo", REPO, "--dir", str(directory)],
-        env=env,
+        argv(directory),
+        env=download_env(hub, token=token),
         capture_output=True,
         text=True,
         timeout=60,
@@ -67,3 +83,33 @@ def test_a_gated_model_without_a_token_fails_naming_the_token_secret(tmp_path: P
         assert "401" in last and "spec.model.source.hf.tokenSecret" in last
         assert not (tmp_path / ".shoal-complete").exists()
         assert download(hub, tmp_path, token="hf_secret").returncode == 0
+
+
+def test_while_it_runs_the_download_serves_its_bytes_rising_to_the_total(tmp_path: Path) -> None:
+    files = tiny_model_files(weight_bytes=4 << 20)
+    total = sum(len(b) for name, b in files.items() if not name.startswith("original/"))
+    port = free_port()
+    seen: list[Progress] = []
+
+    def look() -> bool:
+        try:
+            found = from_json(httpx.get(f"http://127.0.0.1:{port}/progress", timeout=2).json())
+        except (httpx.HTTPError, ValueError):
+            found = None
+        if found is not None and (not seen or seen[-1].bytes != found.bytes):
+            seen.append(found)
+        return running.poll() is not None
+
+    with serve_hub(FakeHub(REPO, files, bytes_per_second=1 << 20)) as hub:
+        running = subprocess.Popen(argv(tmp_path, port=port), env=download_env(hub))
+        try:
+            wait_until(look, what="the download to end", timeout=60, interval=0.2)
+        finally:
+            running.kill()
+            running.wait()
+    assert running.returncode == 0
+    partial = [p.bytes for p in seen if 0 < p.bytes < total]
+    assert len(partial) >= 2 and partial == sorted(partial), seen
+    assert {p.total_bytes for p in seen} == {total}
+    assert all(p.bytes_per_second > 0 for p in seen if p.bytes > 0)
+    assert seen[-1].total_files == 3

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.controller.cache import Download, DownloadState
+from shoal.api.cache import DownloadState
+from shoal.controller.cache import Download
 from shoal.controller.observe import Observed, ReplicaFacts, RouterFacts
 from shoal.controller.status import build_status
 from tests.unit.controller_samples import spec_of

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from shoal.api.cache import DownloadState
 from shoal.api.validation import validate_spec
 from shoal.controller.cache import (
-    DownloadState,
     build_cache_claim,
     build_download_job,
     download_state,
+    download_status,
+    progress_url,
 )
 from shoal.controller.engine import build_leader_statefulset
+from shoal.download.progress import Progress
 from tests.unit.controller_samples import REF, ROUTER_IMAGE, spec_of
 
 HF = {"id": "org/tiny", "revision": "v1", "tokenSecret": {"name": "hf", "key": "token"}}
@@ -92,8 +95,9 @@ def test_the_download_job_runs_shoal_download_with_the_token_and_the_engines_env
     assert container["image"] == ROUTER_IMAGE
     assert [*container["command"], *container["args"]] == [
         "shoal", "download", "--repo", "org/tiny", "--dir", "/models/org--tiny@v1",
-        "--revision", "v1",
+        "--revision", "v1", "--host", "0.0.0.0", "--progress-port", "8001",
     ]  # fmt: skip
+    assert container["ports"] == [{"name": "progress", "containerPort": 8001, "protocol": "TCP"}]
     env = env_of(container)
     assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
     assert env["HF_ENDPOINT"] == "http://mirror"
@@ -180,3 +184,42 @@ def test_a_cache_needs_exactly_one_kind_and_a_hub_model() -> None:
         model={"name": "m", "source": {"pvc": {"claimName": "x"}}, "cache": {"node": {}}}
     )
     assert [e.rule for e in validate_spec(on_pvc)] == ["cache-needs-hub"]
+
+
+def pod_at(ip: str, phase: str = "Running", **meta: Any) -> dict[str, Any]:
+    return {"metadata": meta, "status": {"phase": phase, "podIP": ip}}
+
+
+def test_the_progress_is_read_from_the_running_pod_of_the_job() -> None:
+    pods = [pod_at("10.0.0.1", "Failed"), pod_at("10.0.0.2", deletionTimestamp="x")]
+    assert progress_url(pods) is None
+    pods.append(pod_at("10.0.0.3"))
+    assert progress_url(pods) == "http://10.0.0.3:8001/progress"
+
+
+def test_a_running_download_says_how_far_it_is_in_its_message_and_status() -> None:
+    gib = 1 << 30
+    progress = Progress(bytes=int(12.3 * gib), total_bytes=140 * gib, bytes_per_second=gib)
+    running = download_state(job({"active": 1}), [], name="c-dl-x", progress=progress)
+    assert running.message == (
+        "Job c-dl-x is downloading 12.3 GiB of 140 GiB (8.8%), ~3 min left (attempt 1 of 4)"
+    )
+    assert download_status(running).to_json() == {
+        "job": "c-dl-x",
+        "state": "Running",
+        "attempts": 0,
+        "bytes": progress.bytes,
+        "totalBytes": 140 * gib,
+        "bytesPerSecond": gib,
+        "progress": "12.3 GiB of 140 GiB (8.8%), ~3 min left",
+    }
+
+
+def test_without_a_readable_progress_status_keeps_the_job_and_its_attempt() -> None:
+    running = download_state(job({"active": 1, "failed": 2}), [], name="c-dl-x")
+    assert running.message == "Job c-dl-x is downloading (attempt 3 of 4)"
+    assert download_status(running).to_json() == {
+        "job": "c-dl-x",
+        "state": "Running",
+        "attempts": 2,
+    }

@@ -5,6 +5,8 @@ download into), and restarts and rollouts find them there."""
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from pydantic import Field
 
 from shoal.schema.model import ApiModel
@@ -66,3 +68,42 @@ class ModelCache(ApiModel):
         default=None, description="Once per cluster, on a ReadWriteMany volume."
     )
     node: NodeCache | None = Field(default=None, description="Once per node, in a host directory.")
+
+
+class DownloadState(StrEnum):
+    PENDING = "Pending"  # no Job yet, or its pod is not running
+    RUNNING = "Running"
+    COMPLETE = "Complete"
+    FAILED = "Failed"
+
+
+class DownloadStatus(ApiModel):
+    """The shared cache's download Job, and while it runs the bytes its pod
+    reports (GET /progress on the pod's IP, read by the operator every few
+    seconds; absent when the pod cannot be reached)."""
+
+    job: str = Field(max_length=253, description="The download Job's name.")
+    state: DownloadState = Field(description="Pending, Running, Complete or Failed.")
+    attempts: int = Field(default=0, ge=0, description="Pods of the Job that failed.")
+    bytes: int | None = Field(
+        default=None, ge=0, description="Bytes of the model in the cache (earlier attempts too)."
+    )
+    total_bytes: int | None = Field(
+        default=None, ge=0, description="Bytes of the model's files (excluded files not counted)."
+    )
+    bytes_per_second: int | None = Field(
+        default=None, ge=0, description="This attempt's download rate."
+    )
+    progress: str | None = Field(
+        default=None,
+        max_length=256,
+        description="Progress as a person reads it: '12.3 GiB of 140 GiB (8.8%), ~3 min left'.",
+    )
+
+
+class ModelStatus(ApiModel):
+    """The model's weights: where the shared cache's download is."""
+
+    download: DownloadStatus | None = Field(
+        default=None, description="The download Job of spec.model.cache.shared, when set."
+    )

@@ -54,6 +54,16 @@ PRINTER_COLUMNS = (
     ),
 )
 
+# Only in `kubectl get -o wide` (priority 1): long, and empty unless a download runs.
+WIDE_COLUMNS = (
+    (
+        "Download",
+        "string",
+        ".status.model.download.progress",
+        "The model cache's download: bytes of the total, and the time left.",
+    ),
+)
+
 # Keys dropped from every node: pydantic's, or not allowed in a structural schema.
 _DROPPED = {"title", "$defs"}
 
@@ -206,6 +216,16 @@ def crd() -> dict[str, Any]:
                     "additionalPrinterColumns": [
                         {"name": name, "type": kind, "jsonPath": path, "description": text}
                         for name, kind, path, text in PRINTER_COLUMNS
+                    ]
+                    + [
+                        {
+                            "name": name,
+                            "type": kind,
+                            "jsonPath": path,
+                            "description": text,
+                            "priority": 1,
+                        }
+                        for name, kind, path, text in WIDE_COLUMNS
                     ]
                     + [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}],
                 }

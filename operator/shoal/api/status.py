@@ -10,6 +10,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from shoal.api.autoscaling import AutoscalingStatus
+from shoal.api.cache import ModelStatus
 from shoal.planner.result import CapacityPlan
 from shoal.schema.model import ApiModel
 
@@ -199,4 +200,7 @@ class VLLMClusterStatus(ApiModel):
     )
     autoscaling: AutoscalingStatus | None = Field(
         default=None, description="The built-in autoscaler (spec.autoscaling), when on."
+    )
+    model: ModelStatus | None = Field(
+        default=None, description="The model's weights: the shared cache's download."
     )

@@ -16,13 +16,14 @@ import hashlib
 import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
+from shoal.api.cache import DownloadState, DownloadStatus
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import ConditionStatus
 from shoal.controller.identity import ClusterRef, Manifest, object_meta
 from shoal.controller.names import cluster_labels
+from shoal.download.progress import PROGRESS_PATH, PROGRESS_PORT, Progress, describe
 
 CACHE_MOUNT = "/models"
 COMPONENT_DOWNLOAD = "download"
@@ -30,13 +31,6 @@ COMPONENT_DOWNLOAD = "download"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 # The download needs little CPU or memory: it streams files to the volume.
 DOWNLOAD_RESOURCES = {"requests": {"cpu": "500m", "memory": "512Mi"}}
-
-
-class DownloadState(StrEnum):
-    PENDING = "Pending"  # no Job yet, or its pod is not running
-    RUNNING = "Running"
-    COMPLETE = "Complete"
-    FAILED = "Failed"
 
 
 @dataclass(frozen=True)
@@ -47,6 +41,7 @@ class Download:
     state: DownloadState
     message: str
     attempts: int = 0  # pods that ran and failed
+    progress: Progress | None = None  # what the running pod served, when it could be read
 
     @property
     def complete(self) -> bool:
@@ -148,6 +143,8 @@ def build_download_job(
     args = ["download", "--repo", repository(spec), "--dir", model_path(spec)]
     if (rev := revision(spec)) is not None:
         args += ["--revision", rev]
+    # Its progress, read by the operator at the pod's IP (download/progress.py says why).
+    args += ["--host", "0.0.0.0", "--progress-port", str(PROGRESS_PORT)]
     container: dict[str, Any] = {
         "name": "download",
         "image": image,
@@ -155,6 +152,7 @@ def build_download_job(
         "args": args,
         "env": token_env(spec) + list(spec.engine.env),
         "resources": DOWNLOAD_RESOURCES,
+        "ports": [{"name": "progress", "containerPort": PROGRESS_PORT, "protocol": "TCP"}],
         "volumeMounts": [{"name": "models", "mountPath": CACHE_MOUNT}],
         # The downloader's last line says what to change (a 401: the token).
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -183,8 +181,25 @@ def build_download_job(
     }
 
 
-def download_state(job: Manifest | None, pods: Sequence[Manifest], *, name: str) -> Download:
-    """The Job's state (its conditions), with the last failed pod's words."""
+def progress_url(pods: Sequence[Manifest]) -> str | None:
+    """Where the Job's running pod serves its progress; None without one."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        deleting = (pod.get("metadata") or {}).get("deletionTimestamp")
+        if status.get("phase") == "Running" and status.get("podIP") and not deleting:
+            return f"http://{status['podIP']}:{PROGRESS_PORT}{PROGRESS_PATH}"
+    return None
+
+
+def download_state(
+    job: Manifest | None,
+    pods: Sequence[Manifest],
+    *,
+    name: str,
+    progress: Progress | None = None,
+) -> Download:
+    """The Job's state (its conditions), with the last failed pod's words and,
+    while it runs, the progress its pod served."""
     if job is None:
         return Download(name, DownloadState.PENDING, f"creating the download Job {name}")
     status = job.get("status") or {}
@@ -200,10 +215,10 @@ def download_state(job: Manifest | None, pods: Sequence[Manifest], *, name: str)
     limit = int((job.get("spec") or {}).get("backoffLimit", 6))
     attempt = f"attempt {failed + 1} of {limit + 1}"
     if int(status.get("active") or 0) > 0:
+        done = f" {describe(progress)}" if progress is not None else ""
         last = f"; the last attempt said: {said}" if said else ""
-        return Download(
-            name, DownloadState.RUNNING, f"Job {name} is downloading ({attempt}){last}", failed
-        )
+        message = f"Job {name} is downloading{done} ({attempt}){last}"
+        return Download(name, DownloadState.RUNNING, message, failed, progress)
     return Download(name, DownloadState.PENDING, f"Job {name} is waiting for its pod", failed)
 
 
@@ -220,3 +235,17 @@ def _last_failure(pods: Sequence[Manifest]) -> str:
         return ""
     lines = max(found)[1].splitlines()
     return lines[-1][:1024] if lines else ""
+
+
+def download_status(download: Download) -> DownloadStatus:
+    """status.model.download."""
+    progress = download.progress
+    return DownloadStatus(
+        job=download.job,
+        state=download.state,
+        attempts=download.attempts,
+        bytes=progress.bytes if progress is not None else None,
+        total_bytes=progress.total_bytes if progress is not None else None,
+        bytes_per_second=round(progress.bytes_per_second) if progress is not None else None,
+        progress=describe(progress) if progress is not None else None,
+    )

@@ -5,12 +5,18 @@ they are missing or outdated, and say what the download has done.
 Once the Job completed, a pass reads only the Job: nothing is written, so
 an idle fleet with a cache still makes no writes. A Job whose template is
 outdated (the engines' env changed mid-download) is deleted and made again,
-as a Job's template cannot change; the files already fetched stay."""
+as a Job's template cannot change; the files already fetched stay.
+While it runs, its pod's progress is read over HTTP at the pod's IP
+(download/progress.py says why), and the pass comes back every
+PROGRESS_SECONDS to read it again."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
+
+import httpx
 
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import ConditionStatus
@@ -19,8 +25,14 @@ from shoal.controller.desired import manifest_hash
 from shoal.controller.identity import ClusterRef, Manifest
 from shoal.controller.kube import KubeApi
 from shoal.controller.names import ANNOTATION_SPEC_HASH
+from shoal.download.progress import Progress, from_json
 
 Apply = Callable[[Manifest], Awaitable[bool]]
+log = logging.getLogger(__name__)
+# How often status follows a running download (a status write each time).
+PROGRESS_SECONDS = 5.0
+# Short: an unreachable pod must not hold up the reconciliation.
+PROGRESS_DEADLINE_SECONDS = 2.0
 
 
 async def prepare_model(
@@ -31,9 +43,11 @@ async def prepare_model(
     image: str,
     pull_secrets: Sequence[str],
     apply: Apply,
+    http: httpx.AsyncClient,
 ) -> cache.Download | None:
     """The download's state, after making what it still needs; None without
-    a shared cache. apply: the reconciler's (stamps the hash, notes refusals)."""
+    a shared cache. apply: the reconciler's (stamps the hash, notes refusals);
+    http: the operator's pool (its engine client's)."""
     job_manifest = cache.build_download_job(ref, spec, image=image, pull_secrets=pull_secrets)
     if job_manifest is None:
         return None
@@ -54,7 +68,21 @@ async def prepare_model(
         uid = (job.get("metadata") or {}).get("uid")
         await kube.delete("batch/v1", "Job", ref.namespace, name, uid=uid)
         job, pods = None, []
-    return cache.download_state(job, pods, name=name)
+    url = cache.progress_url(pods)
+    progress = await read_progress(http, url) if url is not None else None
+    return cache.download_state(job, pods, name=name, progress=progress)
+
+
+async def read_progress(http: httpx.AsyncClient, url: str) -> Progress | None:
+    """What the download pod serves; None when it cannot say (starting, an
+    older image, a network policy in the way)."""
+    try:
+        response = await http.get(url, timeout=PROGRESS_DEADLINE_SECONDS)
+        found = from_json(response.json()) if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError) as error:
+        log.debug("no download progress from %s: %s", url, error)
+        return None
+    return found
 
 
 def _completed(job: Manifest) -> bool:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shoal.api import API_VERSION, KIND
+from shoal.api.cache import DownloadState
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import ConditionStatus
 from shoal.api.validation import SpecError, parse_cluster, validate_spec
@@ -44,7 +45,7 @@ from shoal.controller.desired import (
     drifted,
     manifest_hash,
 )
-from shoal.controller.downloads import prepare_model
+from shoal.controller.downloads import PROGRESS_SECONDS, prepare_model
 from shoal.controller.engine import nodes_per_replica, served_model_name
 from shoal.controller.healthloop import Target
 from shoal.controller.identity import ClusterRef, Manifest
@@ -195,6 +196,7 @@ async def _reconcile(
             image=ctx.settings.router_image,
             pull_secrets=ctx.settings.router_pull_secrets,
             apply=lambda manifest: _apply(ctx, ref, manifest, refused),
+            http=ctx.engine.http,
         )
         if download is not None and not download.complete:
             desired = None  # engines start, or roll, only once their model is there
@@ -260,6 +262,9 @@ async def _reconcile(
     replicas = spec.replicas if spec is not None else int(status.get("replicas") or 0)
     ctx.metrics.observe_cluster((ref.namespace, ref.name), desired=replicas, status=status)
     requeue = decision.requeue_seconds
+    if download is not None and download.state is DownloadState.RUNNING:
+        # Its progress makes no event: look again to follow it in status.
+        requeue = min(requeue or PROGRESS_SECONDS, PROGRESS_SECONDS)
     if refused:
         # Refused writes are the user's to fix; look again, less and less often.
         requeue = min(requeue or state.refused_backoff, state.refused_backoff)

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shoal.api.cache import DownloadState, ModelStatus
 from shoal.api.capacity import plan_spec
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import (
@@ -22,7 +23,7 @@ from shoal.api.status import (
     VLLMClusterStatus,
 )
 from shoal.api.validation import SpecError
-from shoal.controller.cache import Download, DownloadState
+from shoal.controller.cache import Download, download_status
 from shoal.controller.decide import Decision, Event, EventType, Memory, Probes, group_complete
 from shoal.controller.engine import nodes_per_replica
 from shoal.controller.failures import last_termination, pod_failure, replica_failure
@@ -106,8 +107,13 @@ def build_status(inputs: StatusInputs) -> dict[str, Any]:
         conditions=_conditions(inputs, wanted=wanted, warm=warm, replicas=replicas),
         capacity=_capacity(inputs, wanted),
         replica_statuses=replicas,
+        model=_model_status(inputs.download),
     )
     return status.to_json()
+
+
+def _model_status(download: Download | None) -> ModelStatus | None:
+    return ModelStatus(download=download_status(download)) if download is not None else None
 
 
 def _running_nodes(observed: Observed) -> int:
