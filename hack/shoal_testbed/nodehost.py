@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from shoal_testbed import procs, realnode
+from shoal_testbed import noderun, procs, realnode
 from shoal_testbed.realnode import CGROUP_CONTROLLERS, NodeLayout
 
 if TYPE_CHECKING:
@@ -214,6 +214,13 @@ def start(bed: Testbed) -> None:
         json.dumps(realnode.gpu_status_patch()),
     )
     log.info("real node %s Ready in %s", realnode.NODE_NAME, layout.netns)
+
+
+def sync_images(layout: NodeLayout, *, repo: Path) -> list[str]:
+    """A running node takes up the images built since it started (`make image`
+    after `make testbed-up`: same names, new IDs). The names imported."""
+    ctr = noderun.ctr_command(layout, node_bin=node_bin_dir(repo).resolve())
+    return noderun.import_images(ctr, [a.resolve() for a in image_archives(repo)])
 
 
 @contextlib.contextmanager

@@ -18,10 +18,12 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from shoal_testbed import procs
 from shoal_testbed.realnode import CONTAINERD_NAMESPACE, NodeLayout
@@ -39,18 +41,64 @@ def _start(name: str, argv: list[str], *, logs: Path) -> subprocess.Popen[bytes]
     return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
-def _import_images(ctr: list[str], archives: list[Path]) -> None:
-    """Import each archive whose image containerd lacks (a restarted node
-    keeps its images: the testbed's data lives until its teardown)."""
-    present = subprocess.run(
-        [*ctr, "images", "ls", "-q"], check=True, capture_output=True, text=True, timeout=60
-    ).stdout.split()
-    for archive in archives:
-        name = archive.with_suffix(".name").read_text().strip()
-        if name in present:
-            continue
-        log.info("importing %s as %s", archive, name)
-        subprocess.run([*ctr, "images", "import", str(archive)], check=True, timeout=600)
+def archive_image_id(archive: Path) -> str:
+    """The image ID (its config's digest) in a docker-archive: what containerd
+    holds after importing it, whatever the tag."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("manifest.json")
+        assert member is not None, f"{archive}: no manifest.json"
+        (entry,) = json.load(member)
+    return "sha256:" + Path(entry["Config"]).stem
+
+
+def containerd_image_ids(ctr: list[str]) -> dict[str, str]:
+    """Each image name containerd holds, with its ID (its config's digest)."""
+    listed = subprocess.run(
+        [*ctr, "images", "ls"], check=True, capture_output=True, text=True, timeout=60
+    ).stdout.splitlines()[1:]
+    ids: dict[str, str] = {}
+    for row in listed:
+        name, _media_type, digest, *_ = row.split()
+        manifest = _content(ctr, digest)
+        if "manifests" in manifest:  # an index: its (only) platform's manifest
+            manifest = _content(ctr, manifest["manifests"][0]["digest"])
+        ids[name] = manifest["config"]["digest"]
+    return ids
+
+
+def _content(ctr: list[str], digest: str) -> dict[str, Any]:
+    blob = subprocess.run(
+        [*ctr, "content", "get", digest], check=True, capture_output=True, timeout=60
+    ).stdout
+    loaded: dict[str, Any] = json.loads(blob)
+    return loaded
+
+
+def stale_images(wanted: Mapping[str, str], present: Mapping[str, str]) -> list[str]:
+    """The names (of wanted: name -> image ID) that containerd lacks or holds
+    at another ID: a rebuilt :dev image keeps its name."""
+    return [name for name, image_id in wanted.items() if present.get(name) != image_id]
+
+
+def import_images(ctr: list[str], archives: list[Path]) -> list[str]:
+    """Import each archive whose image is stale in containerd (a restarted
+    node keeps its images: the testbed's data lives until its teardown).
+    The names imported."""
+    by_name = {a.with_suffix(".name").read_text().strip(): a for a in archives}
+    wanted = {name: archive_image_id(archive) for name, archive in by_name.items()}
+    stale = stale_images(wanted, containerd_image_ids(ctr))
+    for name in stale:
+        log.info("importing %s as %s", by_name[name], name)
+        subprocess.run([*ctr, "images", "import", str(by_name[name])], check=True, timeout=600)
+    return stale
+
+
+def ctr_command(layout: NodeLayout, *, node_bin: Path) -> list[str]:
+    return [
+        str(node_bin / "ctr"),
+        f"--address={layout.containerd_socket}",
+        f"--namespace={CONTAINERD_NAMESPACE}",
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,9 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         is_alive=lambda: children["containerd"].poll() is None,
         log_path=logs / "node-containerd.log",
     )
-    ctr = [str(node_bin / "ctr"), f"--address={layout.containerd_socket}"]
-    ctr += [f"--namespace={CONTAINERD_NAMESPACE}"]
-    _import_images(ctr, [Path(p) for p in spec["images"]])
+    import_images(ctr_command(layout, node_bin=node_bin), [Path(p) for p in spec["images"]])
 
     children["kubelet"] = _start(
         "kubelet", [str(binaries / "kubelet"), *spec["kubelet_args"]], logs=logs
