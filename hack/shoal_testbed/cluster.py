@@ -368,6 +368,15 @@ class Testbed:
     def _start_kwok(self) -> None:
         assert self.state is not None
         octet = self.state.pod_octet
+        # kwok serves `kubectl logs` from Logs objects the pod runner writes.
+        # (Polled: `kubectl wait` fails at once on a CRD with no conditions yet.)
+        self.kubectl("apply", "-f", str(HACK / "kwok-logs-crd.yaml"))
+        established = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
+        procs.wait_until(
+            lambda: self.kubectl("get", "crd/logs.kwok.x-k8s.io", "-o", established) == "True",
+            what="kwok's Logs CRD",
+            timeout_seconds=60,
+        )
         self._launch(
             "kwok",
             [
@@ -379,6 +388,10 @@ class Testbed:
                 f"--cidr=127.{octet}.250.0/24",
                 "--node-ip=127.0.0.1",
                 f"--server-address=127.0.0.1:{self.state.kwok_port}",
+                # The kubelet port nodes publish: the API server sends pods/log
+                # there (over TLS, not verified without --kubelet-certificate-authority).
+                f"--node-port={self.state.kwok_port}",
+                "--enable-crds=Logs",
                 "--node-lease-duration-seconds=40",
             ],
         )

@@ -60,6 +60,12 @@ def backoff_seconds(failures: int) -> float:
     return min(BACKOFF_BASE_SECONDS * 2.0 ** (failures - 1), BACKOFF_MAX_SECONDS)
 
 
+def go_duration(seconds: float) -> str:
+    """Whole seconds as Go's time.Duration prints them (kubelet's messages)."""
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}m{rest}s" if minutes else f"{rest}s"
+
+
 def unpullable(image: str) -> bool:
     return UNPULLABLE_MARKER in image
 
@@ -98,6 +104,7 @@ class Container:
 
     name: str
     image: str
+    pod: str = ""  # as kubelet names it in messages: name_namespace(uid)
     restart_count: int = 0
     failures: int = 0  # in a row, for the backoff
     retry_at: float = 0.0
@@ -111,6 +118,11 @@ class Container:
     @property
     def finished(self) -> bool:
         return self.terminated is not None
+
+    @property
+    def next_run(self) -> int:
+        """The restart count the next start will have (its run's number)."""
+        return self.restart_count + 1 if self.ever_started else 0
 
     def due(self, now: float) -> bool:
         """Whether to try starting it now."""
@@ -154,7 +166,8 @@ class Container:
         self.retry_at = now + delay
         self.waiting = (
             Waiting.CRASH_LOOP,
-            f"back-off {delay:.0f}s restarting failed container={self.name}",
+            f"back-off {go_duration(delay)} restarting failed container={self.name}"
+            + (f" pod={self.pod}" if self.pod else ""),
         )
         self.waiting_since = now
 

@@ -8,8 +8,10 @@ kubelet's backoff, stops it when the pod terminates or goes, and starts a
 fresh one for a new pod UID. The container's state goes to pods/status as
 kubelet writes it (see `kubelet`): CrashLoopBackOff and the last exit,
 ErrImagePull/ImagePullBackOff, CreateContainerConfigError, and the exit of a
-pod that ran to completion. An API server that goes away (a restart) only
-delays the reports: the processes keep running.
+pod that ran to completion. Each run's stdout and stderr go to a log file in
+kubelet's CRI format, which kwok serves to `kubectl logs` (see `podlogs`). An
+API server that goes away (a restart) only delays the reports: the processes
+keep running.
 
 Run as `python -m shoal_testbed.podrunner --kubeconfig K --log-dir D`.
 """
@@ -17,6 +19,7 @@ Run as `python -m shoal_testbed.podrunner --kubeconfig K --log-dir D`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib
 import json
@@ -35,7 +38,7 @@ from typing import Any
 import urllib3
 from kubernetes import client, config, watch
 
-from shoal_testbed import kubelet, podfs, procs
+from shoal_testbed import kubelet, podfs, podlogs, procs
 from shoal_testbed.podspec import Pod, container
 from shoal_testbed.realnode import NODE_NAME
 from shoal_testbed.rules import Launch, Rule
@@ -53,6 +56,8 @@ API_ERRORS = (OSError, client.ApiException, urllib3.exceptions.HTTPError)
 _VOLUME_SYNC_SECONDS = 2.0
 # After a status write the API server refused or could not take.
 _REPORT_RETRY_SECONDS = 1.0
+# After the pod's kwok Logs object could not be written.
+_LOGS_RETRY_SECONDS = 2.0
 
 
 @dataclass
@@ -63,11 +68,20 @@ class Running:
     state: kubelet.Container = field(init=False)
     volumes_synced_at: float = 0.0
     log_offset: int = 0  # where the current process's output starts in the log
+    output: podlogs.Output | None = None  # copies the current process's output
+    run: int = 0  # the current or last run (kubelet's restart count then)
     reported: dict[str, Any] | None = None  # the last status the API server took
     report_at: float = 0.0
+    logs_published: bool = False  # kwok's Logs object for the pod is written
+    logs_at: float = 0.0
 
     def __post_init__(self) -> None:
-        self.state = kubelet.Container(name=self.launch.container, image=self.launch.image)
+        meta = self.pod["metadata"]
+        self.state = kubelet.Container(
+            name=self.launch.container,
+            image=self.launch.image,
+            pod=f"{meta['name']}_{meta.get('namespace', '')}({meta['uid']})",
+        )
 
 
 def runnable(pod: Pod) -> bool:
@@ -183,6 +197,7 @@ class PodRunner:
                 self._advance(uid, entry)
                 self._sync_volumes(entry)
                 self._report(entry)
+                self._publish_logs(entry)
             except Exception:
                 log.exception("%s: supervising failed; trying again", pod_key(pod))
 
@@ -203,6 +218,14 @@ class PodRunner:
         self._start(uid, entry)
 
     def _exited(self, entry: Running, code: int) -> None:
+        # What the process left behind goes with it, as a container's other
+        # processes do when its first one exits; then its last words are copied.
+        if entry.process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(entry.process.pid, signal.SIGKILL)
+        if entry.output is not None:
+            entry.output.drain()
+            entry.output = None
         policy = entry.pod.get("spec", {}).get("restartPolicy", "Always")
         restart = policy == "Always" or (policy == "OnFailure" and code != 0)
         reason = kubelet.termination_reason(code)
@@ -211,6 +234,7 @@ class PodRunner:
         if code != 0 and spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
             message = kubelet.log_message(self._log_since(entry))
         entry.process = None
+        podlogs.end_run(self._container_dir(entry), entry.run, restarting=restart)
         entry.state.exited(
             code,
             reason=reason,
@@ -257,6 +281,57 @@ class PodRunner:
             return
         entry.reported = body
 
+    def _publish_logs(self, entry: Running) -> None:
+        """Write the pod's kwok Logs object once its container has a log."""
+        now = time.monotonic()
+        if entry.logs_published or not entry.state.ever_started or now < entry.logs_at:
+            return
+        meta = entry.pod["metadata"]
+        manifest = podlogs.logs_manifest(
+            pod_name=meta["name"],
+            namespace=meta.get("namespace", ""),
+            pod_uid=meta["uid"],
+            container=entry.launch.container,
+            container_dir=self._container_dir(entry),
+        )
+        try:
+            self._custom_objects().patch_namespaced_custom_object(
+                podlogs.LOGS_GROUP,
+                podlogs.LOGS_VERSION,
+                manifest["metadata"]["namespace"],
+                podlogs.LOGS_PLURAL,
+                manifest["metadata"]["name"],
+                manifest,
+                field_manager="testbed-podrunner",
+                force=True,
+                _content_type="application/apply-patch+yaml",
+            )
+        except API_ERRORS as error:
+            log.warning("%s: logs not published, will retry: %s", pod_key(entry.pod), error)
+            entry.logs_at = now + _LOGS_RETRY_SECONDS
+            return
+        entry.logs_published = True
+
+    def _unpublish_logs(self, entry: Running) -> None:
+        """Best effort: a Logs object left behind names files of a pod that is
+        gone, and the next pod of that name overwrites it."""
+        if not entry.logs_published:
+            return
+        meta = entry.pod["metadata"]
+        try:
+            self._custom_objects().delete_namespaced_custom_object(
+                podlogs.LOGS_GROUP,
+                podlogs.LOGS_VERSION,
+                meta.get("namespace", ""),
+                podlogs.LOGS_PLURAL,
+                meta["name"],
+            )
+        except API_ERRORS as error:
+            log.info("%s: logs object not deleted: %s", pod_key(entry.pod), error)
+
+    def _custom_objects(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api.api_client)
+
     def _sync_volumes(self, entry: Running) -> None:
         now = time.monotonic()
         if (
@@ -279,6 +354,12 @@ class PodRunner:
     def _log_path(self, pod: Pod) -> Path:
         meta = pod["metadata"]
         return self.log_dir / f"{meta.get('namespace', '')}_{meta['name']}_{meta['uid'][:8]}.log"
+
+    def _container_dir(self, entry: Running) -> Path:
+        """Where the container's CRI log files are, as in kubelet's /var/log/pods."""
+        meta = entry.pod["metadata"]
+        pod_dir = f"{meta.get('namespace', '')}_{meta['name']}_{meta['uid']}"
+        return self.log_dir / pod_dir / entry.launch.container
 
     def _pod_root(self, pod: Pod) -> Path:
         """Where the pod's ServiceAccount kubeconfig and volumes are written."""
@@ -319,7 +400,13 @@ class PodRunner:
             }
             log_path = self._log_path(pod)
             entry.log_offset = log_path.stat().st_size if log_path.exists() else 0
-            entry.process = procs.start(argv, log_path=log_path, env=env, die_with_parent=True)
+            entry.run = entry.state.next_run
+            entry.process, entry.output = podlogs.start(
+                argv,
+                env=env,
+                cri_path=podlogs.begin_run(self._container_dir(entry), entry.run),
+                plain_path=log_path,
+            )
         except podfs.ConfigError as error:
             log.warning("%s: CreateContainerConfigError: %s", pod_key(pod), error)
             entry.state.config_failed(
@@ -343,6 +430,8 @@ class PodRunner:
     def _stop(self, uid: str, *, reason: str) -> None:
         entry = self.running.pop(uid)
         shutil.rmtree(self._pod_root(entry.pod), ignore_errors=True)
+        self._unpublish_logs(entry)
+        shutil.rmtree(self._container_dir(entry).parent, ignore_errors=True)
         if entry.process is not None and entry.process.poll() is None:
             log.info(
                 "%s (uid %s): stopping pid %d: %s",

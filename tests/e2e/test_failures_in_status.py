@@ -42,6 +42,10 @@ def test_an_engine_that_exits_at_start_is_shown_crash_looping_with_its_exit_code
     # The engine's last words reach status (terminationMessagePolicy
     # FallbackToLogsOnError), with the fix they point to.
     assert "the KV cache cannot hold spec.engine.maxModelLen tokens" in degraded["message"]
+    # The command the message names shows the engine's own error (the pod
+    # runner's CRI log files, served by kwok as a kubelet serves them).
+    previous = testbed.kubectl("logs", "crash-r0-0", "-n", ns, "--previous")
+    assert "fewer than max_model_len" in previous
     assert printed_columns(testbed, ns, "crash")["STATUS"] == "EngineCrashLooping"
     entry = cluster(testbed, ns, "crash")["status"]["replicaStatuses"][0]
     assert entry["state"] == "CrashLooping"

@@ -133,3 +133,16 @@ def test_env_from_secrets_and_config_maps_is_listed_with_optionality() -> None:
         ("B", "configMap", "c", "b", True),
         ("", "secret", "all", None, False),
     ]
+
+
+def test_the_back_off_message_reads_as_kubelet_writes_it() -> None:
+    engine = Container(name="engine", image="vllm/vllm-openai:v0.32.0", pod="crash-r0-0_ns(u-1)")
+    at = 0.0
+    for _ in range(4):
+        engine.started(wall=WALL, now=at)
+        _crash(engine, at=at)
+        at = engine.retry_at
+    assert engine.status(now=at - 1)["state"]["waiting"]["message"] == (
+        "back-off 1m20s restarting failed container=engine pod=crash-r0-0_ns(u-1)"
+    )
+    assert [kubelet.go_duration(s) for s in (10, 300)] == ["10s", "5m0s"]
