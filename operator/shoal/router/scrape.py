@@ -1,10 +1,29 @@
 """Background scraping of every replica's `/metrics`, concurrently, each
 under a deadline. The request path never scrapes; it reads the latest
-values. A scrape that fails, times out or is not a whole vLLM exposition
+values. A scrape that fails or is not a whole vLLM exposition
 (`shoal.engine.metrics.parse`) makes the replica's load unknown (routable,
 counted busy: see `fleet`), counts in `shoal_router_scrape_failures_total`,
 and logs one WARNING per episode (and an INFO line when it ends). The fetch
-stays on aiohttp, the router's own stack."""
+stays on aiohttp, the router's own stack.
+
+Scrapes are the engines' work too (vLLM renders its exposition on its API
+server's event loop), so they must not pile up on an engine that is slow:
+
+- a replica has at most one scrape out at a time. One that misses its
+  deadline is late, not abandoned: its answer is awaited up to the
+  staleness bound, and its replica's last readings stand meanwhile (a
+  replica never scraped yet counts as unknown). A late scrape counts as a
+  failure and starts a "slow" episode (one WARNING);
+- after each answer a replica waits at least PACE times as long as that
+  answer took before it is scraped again: the slower its answers, the
+  fewer scrapes it gets, so a CPU-starved engine spends a bounded share of
+  its time on one router's scrapes rather than all of it (a fixed-rate
+  scraper that abandons answers at the deadline made two routers' scrapes
+  outrun such an engine, which then served nothing);
+- when a round's wait for answers comes back a whole deadline later than
+  asked, the router's own event loop was held (a CPU-starved router pod):
+  lateness then says nothing about the engines, and nobody is counted late.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +31,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -22,6 +42,35 @@ from shoal.router.fleet import Fleet, Replica
 from shoal.router.metrics import RouterMetrics
 
 log = logging.getLogger("shoal.router.scrape")
+
+# After an answer that took d seconds, a replica is scraped again no sooner
+# than PACE * d later (and no sooner than an interval after the last start):
+# at most about 1 / (1 + PACE) of an engine's time goes to one router's scrapes.
+PACE = 9.0
+
+
+def next_scrape(*, began: float, ended: float, interval: float) -> float:
+    """When a replica whose last scrape ran from `began` to `ended` may be
+    scraped again."""
+    return max(began + interval, ended + PACE * (ended - began))
+
+
+def loop_was_late(*, waited: float, deadline: float) -> bool:
+    """Whether a wait of `deadline` seconds that took `waited` means the
+    router's own event loop was held: it came back more than a whole
+    deadline late."""
+    return waited > 2 * deadline
+
+
+@dataclass
+class _Target:
+    """What the scraper keeps of one replica."""
+
+    task: asyncio.Task[None] | None = None  # the scrape out now
+    due: float = 0.0  # when it may be scraped next
+    late: bool = False  # the scrape out now missed its deadline
+    slow: bool = False  # a slow episode: scrapes miss the deadline
+    failing: bool = False  # a failing episode: scrapes fail
 
 
 class Scraper:
@@ -36,49 +85,119 @@ class Scraper:
         self.metrics = metrics
         self.on_change = on_change
         self.session: aiohttp.ClientSession | None = None
-        self.scrapes = 0
+        self.scrapes = 0  # rounds done
+        self._targets: dict[str, _Target] = {}
+
+    @property
+    def answer_limit(self) -> float:
+        """How long a scrape's answer is awaited: past the staleness bound
+        it would be stale on arrival."""
+        config = self.fleet.config
+        return max(config.stale_after_seconds, config.scrape_timeout_seconds)
 
     async def run(self) -> None:
         config = self.fleet.config
-        self.session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=config.scrape_timeout_seconds)
-        )
+        deadline = config.scrape_timeout_seconds
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.answer_limit))
         try:
             while True:
                 started = time.monotonic()
-                replicas = list(self.fleet.replicas.values())
-                if replicas:
-                    await asyncio.gather(*(self._scrape(r) for r in replicas))
+                out = self._start_due(started)
+                if out:
+                    await asyncio.wait(out, timeout=deadline)
+                    waited = time.monotonic() - started
+                    if not loop_was_late(waited=waited, deadline=deadline):
+                        self._judge_late(out)
+                if self.fleet.replicas:
                     self.scrapes += 1
                     await self.on_change()
                 elapsed = time.monotonic() - started
                 await asyncio.sleep(max(config.scrape_interval_seconds - elapsed, 0.01))
         finally:
+            tasks = [t.task for t in self._targets.values() if t.task is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self.session.close()
 
-    async def _scrape(self, replica: Replica) -> None:
-        assert self.session is not None
-        signals: MetricsSnapshot | None = None
-        problem = ""
-        try:
-            async with self.session.get(replica.endpoint.url + endpoints.METRICS) as response:
-                if response.status == 200:
-                    signals = parse(await response.text())
-                else:
-                    problem = f"HTTP {response.status}"
-        except TimeoutError:
-            problem = f"no answer within {self.fleet.config.scrape_timeout_seconds:g} s"
-        except (aiohttp.ClientError, BadMetrics, ValueError) as error:
-            problem = str(error) or type(error).__name__
+    def _start_due(self, now: float) -> set[asyncio.Task[None]]:
+        """Start a scrape of every replica that has none out and is due."""
+        for gone in set(self._targets) - set(self.fleet.replicas):
+            task = self._targets.pop(gone).task
+            if task is not None:
+                task.cancel()
+        out: set[asyncio.Task[None]] = set()
+        for replica in self.fleet.replicas.values():
+            target = self._targets.setdefault(replica.id, _Target())
+            if target.task is None and now >= target.due:
+                target.late = False
+                target.task = asyncio.get_running_loop().create_task(self._scrape(replica, target))
+                out.add(target.task)
+        return out
+
+    def _judge_late(self, out: set[asyncio.Task[None]]) -> None:
+        """The scrapes of this round still out at the deadline are late."""
+        now = time.monotonic()
+        for replica in self.fleet.replicas.values():
+            target = self._targets.get(replica.id)
+            if target is None or target.task is None or target.task not in out:
+                continue
+            if target.task.done():
+                continue
+            target.late = True
+            name = replica.endpoint.name
+            self.metrics.scrape_failures.labels(name).inc()
+            if not target.slow and not target.failing:
+                log.warning(
+                    "metrics of %s slow (no answer within %g s): its answer is awaited up to "
+                    "%g s, its last readings stand meanwhile (none yet: its load counts as "
+                    "unknown), and it is scraped less often",
+                    name,
+                    self.fleet.config.scrape_timeout_seconds,
+                    self.answer_limit,
+                )
+            target.slow = True
+            if replica.scraped_at is None:
+                # Never read: routable as unknown rather than left out.
+                self.fleet.record_scrape(replica.id, None, now)
+
+    async def _scrape(self, replica: Replica, target: _Target) -> None:
+        began = time.monotonic()
+        signals, problem = await self._fetch(replica)
+        ended = time.monotonic()
+        target.task = None
+        target.due = next_scrape(
+            began=began, ended=ended, interval=self.fleet.config.scrape_interval_seconds
+        )
         name = replica.endpoint.name
         if signals is None:
-            self.metrics.scrape_failures.labels(name).inc()
-            if not replica.scrape_failing:
+            if not target.late:  # a late one was counted at its deadline
+                self.metrics.scrape_failures.labels(name).inc()
+            if not target.failing:
                 log.warning(
                     "metrics of %s unreadable (%s): its load counts as unknown (busy)",
                     name,
                     problem[:200],
                 )
-        elif replica.scrape_failing:
-            log.info("metrics of %s readable again", name)
-        self.fleet.record_scrape(replica.id, signals, time.monotonic())
+            target.failing = True
+        else:
+            if target.failing:
+                log.info("metrics of %s readable again", name)
+            elif target.slow and not target.late:
+                log.info("metrics of %s on time again", name)
+            target.failing = False
+            target.slow = target.late
+        self.fleet.record_scrape(replica.id, signals, ended)
+
+    async def _fetch(self, replica: Replica) -> tuple[MetricsSnapshot | None, str]:
+        """The replica's signals, or None and what went wrong."""
+        assert self.session is not None
+        try:
+            async with self.session.get(replica.endpoint.url + endpoints.METRICS) as response:
+                if response.status != 200:
+                    return None, f"HTTP {response.status}"
+                return parse(await response.text()), ""
+        except TimeoutError:
+            return None, f"no answer within {self.answer_limit:g} s"
+        except (aiohttp.ClientError, BadMetrics, ValueError) as error:
+            return None, str(error) or type(error).__name__

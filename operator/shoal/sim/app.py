@@ -157,6 +157,8 @@ class EngineApp:
             return web.Response(text="<html>this is not Prometheus text{{{\n")
         if mode == "hang":
             await asyncio.Event().wait()
+        if self.engine.faults.metrics_seconds:
+            time.sleep(self.engine.faults.metrics_seconds)  # noqa: ASYNC251 - the fault: a loop kept busy
         from prometheus_client import CONTENT_TYPE_LATEST
 
         return web.Response(

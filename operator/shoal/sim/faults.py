@@ -39,6 +39,10 @@ class Faults:
     # Streams stop after this many chunks and hang, while /health and other
     # requests carry on (a wedged request, a lost GPU stream). 0: off.
     stall_after: int = 0
+    # /metrics blocks the engine's event loop this many wall seconds per
+    # render, as on a CPU-starved engine (vLLM renders its exposition on its
+    # API server's loop): scrapes then cost the engine its serving time. 0: off.
+    metrics_seconds: float = 0.0
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply a /_sim/fault body; ValueError names the first bad field."""
@@ -66,6 +70,12 @@ class Faults:
             raise ValueError("poison must be a string")
         if not isinstance(self.stall_after, int) or self.stall_after < 0:
             raise ValueError("stall_after must be a whole number of chunks, 0 for off")
+        if (
+            isinstance(self.metrics_seconds, bool)
+            or not isinstance(self.metrics_seconds, int | float)
+            or not 0 <= self.metrics_seconds <= 60
+        ):
+            raise ValueError("metrics_seconds must be a number of seconds from 0 to 60")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
