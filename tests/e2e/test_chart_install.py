@@ -39,6 +39,7 @@ RARELY_USED = {
     ("", "pods", "", "delete"): "group restarts, health restarts and lost nodes",
     ("apps", "statefulsets", "", "delete"): "scale-down removes a replica's StatefulSets",
     ("", "configmaps", "", "get"): "warm-up prompts from a ConfigMap the user names",
+    ("", "secrets", "", "get"): "only with spec.engine.apiKeySecret (test_engine_api_key.py)",
     ("serving.shoal.dev", "vllmclusters", "scale", "patch"): "only with spec.autoscaling",
     ("autoscaling", "horizontalpodautoscalers", "", "list"): "only with spec.autoscaling",
     ("keda.sh", "scaledobjects", "", "list"): "only with spec.autoscaling",

@@ -312,12 +312,14 @@ RULES: tuple[CelRule, ...] = (
         "(size(self) == 0 || self[0].startsWith('-'))",
         message="spec.engine.extraArgs must not set what shoal sets from other fields "
         "(the model, parallelism, replicas, maxModelLen, maxNumSeqs, gpuMemoryUtilization, "
-        "servedName, prefixCaching, host, port, multi-node flags, a --config file), in any "
+        "servedName, prefixCaching, apiKeySecret, host, port, multi-node flags, a --config "
+        "file), in any "
         "spelling vLLM reads",
         message_expression=_format(
             "%s: vLLM reads these as settings shoal sets from other fields (a positional "
             "argument as the model): use spec.model, spec.parallelism, spec.replicas, "
-            "spec.engine or spec.model.servedName instead",
+            "spec.engine (an API key: spec.engine.apiKeySecret) or spec.model.servedName "
+            "instead",
             f"self.filter(arg, arg.replace('_', '-').matches('{_MANAGED}') || (arg == self[0] && "
             "!arg.startsWith('-')))",
         ),

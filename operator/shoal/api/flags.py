@@ -38,6 +38,8 @@ MANAGED_SETTINGS: dict[str, str] = {
     "gpu_memory_utilization": "spec.engine.gpuMemoryUtilization",
     "enable_prefix_caching": "spec.engine.prefixCaching",
     "prefix_caching_hash_algo": "shoal (the router recomputes block hashes with sha256_cbor)",
+    # The key belongs in a Secret: an argument shows in the pod spec and `ps`.
+    "api_key": "spec.engine.apiKeySecret",
     "host": "shoal (the pod's address)",
     "port": "shoal (the engine port)",
     "headless": _MULTI_NODE,

@@ -293,6 +293,18 @@ class EngineSpec(ApiModel):
         description="CPU and memory requests and limits of the engine container "
         "(ResourceRequirements). GPUs are added from gpu and parallelism.",
     )
+    api_key_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding the API key the engines require (vLLM's "
+        "VLLM_API_KEY, set from the Secret, never an argument): vLLM then refuses /v1, /v2 "
+        "and /inference requests without it (/health, /metrics, /tokenize and a few more "
+        "stay open: it is no substitute for a NetworkPolicy). The router sends it to the "
+        "engines in place of the client's Authorization (clients' keys are "
+        "spec.router.apiKeySecret), and the operator reads it for its canary and warm-up. "
+        "vLLM reads it once, at start: a changed Secret reaches routers within about a "
+        "minute but engines only when they restart, and requests fail with 401 between the "
+        "two. Default: engines need no key.",
+    )
     pod: PodSettings | None = Field(
         default=None,
         description="Settings of the engine pods: labels, annotations, ServiceAccount, "

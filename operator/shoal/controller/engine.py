@@ -37,6 +37,7 @@ GiB = 1 << 30
 
 MODEL_MOUNT = "/models"
 HF_HOME = "/cache/huggingface"
+API_KEY_ENV = "VLLM_API_KEY"
 # vLLM answers /health only once the model is loaded; the startup probe's
 # budget (health.startupTimeoutSeconds) is spent in steps of this period.
 STARTUP_PROBE_PERIOD_SECONDS = 10
@@ -156,6 +157,17 @@ def _model_env(spec: VLLMClusterSpec) -> list[dict[str, Any]]:
     return env + cache.token_env(spec)
 
 
+def api_key_env(spec: VLLMClusterSpec) -> list[dict[str, Any]]:
+    """VLLM_API_KEY from spec.engine.apiKeySecret: vLLM reads it when no
+    --api-key is given (vllm/entrypoints/serve/middleware/register.py), so the
+    key stays out of the arguments, the pod spec and `ps`."""
+    secret = spec.engine.api_key_secret
+    if secret is None:
+        return []
+    ref = {"name": secret.name, "key": secret.key}
+    return [{"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}]
+
+
 def _volumes(
     ref: ClusterRef, spec: VLLMClusterSpec
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -227,6 +239,8 @@ def _pod_spec(ref: ClusterRef, spec: VLLMClusterSpec, *, index: int, role: str) 
         container["startupProbe"] = _health_probe(STARTUP_PROBE_PERIOD_SECONDS, startup_failures)
         container["livenessProbe"] = _health_probe(10, 3)
         container["readinessProbe"] = _health_probe(5, 2)
+        # Only the leader serves HTTP; /health stays open with a key (vLLM guards /v1 ...).
+        env += api_key_env(spec)
     else:
         # Workers serve no HTTP; the StatefulSet's ordinals start at 1, so a
         # worker's pod index is its node rank.

@@ -51,6 +51,7 @@ class _ClusterChecks:
         self.targets: dict[str, Target] = {}
         self.routers: dict[str, str] = {}  # router pod uid -> IP
         self.window = RouterErrorWindow()
+        self.engine: EngineClient | None = None  # keyed for the cluster's engines
         self.trackers: dict[str, HealthTracker] = {}
         self.latest: dict[str, Assessment] = {}
         self.task: asyncio.Task[None] | None = None
@@ -69,14 +70,18 @@ class HealthChecks:
         targets: dict[str, Target],
         wake: Callable[[], None],
         routers: Mapping[str, str] | None = None,
+        *,
+        key: str | None = None,
     ) -> dict[str, Assessment]:
-        """Set the cluster's targets (by pod uid) and router pods (uid -> IP,
+        """Set the cluster's targets (by pod uid), router pods (uid -> IP,
         scraped for per-replica errors when spec.health.routerErrors is
-        enabled); the latest assessments of the targets."""
+        enabled) and the engines' API key (the canary sends it); the latest
+        assessments of the targets."""
         checks = self._clusters.get(ref)
         if checks is None:
             checks = self._clusters[ref] = _ClusterChecks(health, wake)
         checks.health, checks.wake, checks.targets = health, wake, dict(targets)
+        checks.engine = self._engine.with_key(key)
         checks.routers = dict(routers or {}) if health.router_errors.enabled else {}
         for uid in [u for u in checks.trackers if u not in targets]:
             del checks.trackers[uid]
@@ -113,7 +118,7 @@ class HealthChecks:
         async with self._limit:
             try:
                 return await probe(
-                    self._engine,
+                    checks.engine or self._engine,
                     base_url(target.ip, port=ENGINE_PORT),
                     model=target.model,
                     health_timeout=HEALTH_DEADLINE_SECONDS,

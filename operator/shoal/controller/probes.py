@@ -1,14 +1,47 @@
 """The operator's checks of a leader pod's engine, by pod IP: /health and
 /metrics, over the operator's one engine client and its short deadlines (a
-slow engine must not hold up the reconciliation of its cluster)."""
+slow engine must not hold up the reconciliation of its cluster); and the
+engines' API key, which the canary and warm-up send (vLLM leaves /health and
+/metrics open)."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import logging
+
+from shoal.api.spec import VLLMClusterSpec
+from shoal.controller.kube import KubeApi
 from shoal.controller.names import ENGINE_PORT
 from shoal.engine.client import EngineClient
 from shoal.engine.endpoints import base_url
 from shoal.engine.errors import EngineError
 from shoal.engine.metrics import MetricsSnapshot
+
+log = logging.getLogger(__name__)
+
+
+async def engine_key(kube: KubeApi, *, namespace: str, spec: VLLMClusterSpec) -> str | None:
+    """The API key the cluster's engines were given (spec.engine.apiKeySecret),
+    for the operator's canary and warm-up (vLLM guards /v1): its first line,
+    as the router reads its mounted copy. None without one, or when the Secret
+    or its key is missing (the engines cannot start then either)."""
+    secret = spec.engine.api_key_secret
+    if secret is None:
+        return None
+    found = await kube.get("v1", "Secret", namespace, secret.name)
+    encoded = ((found or {}).get("data") or {}).get(secret.key)
+    if not encoded:
+        log.warning(
+            "engine API key: Secret %s/%s has no key %r", namespace, secret.name, secret.key
+        )
+        return None
+    try:
+        lines = base64.b64decode(encoded).decode().splitlines()
+    except (binascii.Error, UnicodeDecodeError):
+        log.warning("engine API key: %s/%s[%s] is not text", namespace, secret.name, secret.key)
+        return None
+    return next((line.strip() for line in lines if line.strip()), None)
 
 
 class EngineProbe:

@@ -21,6 +21,7 @@ from shoal.controller.identity import ClusterRef
 from shoal.controller.kube import KubeApi
 from shoal.controller.names import ENGINE_PORT, router_selector, selector_text
 from shoal.controller.observe import PodFacts
+from shoal.controller.probes import engine_key
 from shoal.engine.client import EngineClient
 from shoal.engine.endpoints import base_url
 from shoal.warmup.prompts import Prompt, combine, from_object
@@ -132,8 +133,9 @@ class Warmups:
         async with self._limit:
             try:
                 prompts = await _prompts(kube, ref, spec, http=self._engine.http)
+                key = await engine_key(kube, namespace=ref.namespace, spec=spec)
             except Exception as error:
-                message = f"could not read warm-up prompts: {error}"
+                message = f"could not read warm-up prompts or the engines' API key: {error}"
                 return WarmupOutcome(running=False, verdict=Verdict.UNREACHABLE, message=message)
             if not prompts:
                 return WarmupOutcome(
@@ -144,7 +146,7 @@ class Warmups:
             result = await warm(
                 base_url(pod.ip or "", port=ENGINE_PORT),
                 prompts,
-                engine=self._engine,
+                engine=self._engine.with_key(key),
                 model=served_model_name(spec),
                 min_hit_ratio=warmup.min_hit_ratio,
                 timeout_seconds=float(warmup.timeout_seconds),

@@ -44,10 +44,20 @@ class Usage:
 
 class EngineClient:
     """Calls to engines by base URL (`http://10.0.0.5:8000`); `deadline` of
-    each call: seconds for the whole exchange."""
+    each call: seconds for the whole exchange. With `key` (engines started
+    with an API key) every call sends `Authorization: Bearer <key>`: vLLM 0.32
+    requires it on /v1, /v2, /inference and /cohere paths only
+    (vllm/entrypoints/serve/middleware/authenticate.py, GUARDED_PREFIX), and
+    ignores it elsewhere."""
 
-    def __init__(self, *, http: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, *, http: httpx.AsyncClient | None = None, key: str | None = None) -> None:
         self._http = http
+        self._headers = {"Authorization": f"Bearer {key}"} if key else None
+
+    def with_key(self, key: str | None) -> EngineClient:
+        """A client for engines started with `key` (None: without one) over
+        this client's pool; this client's owner closes the pool."""
+        return EngineClient(http=self.http, key=key)
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -170,7 +180,9 @@ class EngineClient:
             # httpx's timeout bounds each phase; the deadline is over the whole
             # exchange, as an engine trickling bytes is no healthier.
             async with asyncio.timeout(deadline):
-                return await self.http.request(method, url, json=body, timeout=deadline)
+                return await self.http.request(
+                    method, url, json=body, headers=self._headers, timeout=deadline
+                )
         except (TimeoutError, httpx.TimeoutException) as error:
             raise TimedOut(f"{path}: no answer within {deadline:g}s") from error
         except httpx.HTTPError as error:
