@@ -63,6 +63,7 @@ from shoal.controller.names import (
 )
 from shoal.controller.observe import Observed, SetFacts, observe
 from shoal.controller.placement import GPU_COUNT_LABEL, with_gpu_facts
+from shoal.controller.probes import engine_key
 from shoal.controller.restarts import seed_restart_times
 from shoal.controller.rollout import Marks, RolloutPolicy, held_back, marks_of, spec_text
 from shoal.controller.status import (
@@ -376,6 +377,7 @@ async def _probe(
             targets,
             lambda: ctx.wakeups.poke((ref.namespace, ref.name)),
             routers=routers,
+            key=await engine_key(ctx.kube, namespace=ref.namespace, spec=spec) if targets else None,
         )
     return Probes(
         healthy=healthy,

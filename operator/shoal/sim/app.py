@@ -19,6 +19,7 @@ from aiohttp import web
 from shoal.sim import protocol as api
 from shoal.sim import responses as wire
 from shoal.sim.apis_app import SCALE_OUT_PATHS, OtherApis
+from shoal.sim.auth import OUTSIDE_CORS, key_check
 from shoal.sim.engine import Engine, EngineDeadError, RequestStream
 from shoal.sim.faults import FAULT_PATH
 from shoal.sim.metrics import HTTP_EXCLUDED
@@ -42,7 +43,11 @@ class EngineApp:
         self.in_flight = 0
 
     def build(self) -> web.Application:
-        app = web.Application(middlewares=[self._connections, self._http_metrics, self._errors])
+        # The key check is vLLM's outermost middleware: its 401s are not in /metrics.
+        keys = [key_check(self.config.api_keys)] if self.config.api_keys else []
+        app = web.Application(
+            middlewares=[self._connections, *keys, self._http_metrics, self._errors]
+        )
         r = app.router
         r.add_get("/health", self.health, allow_head=False)
         r.add_route("*", "/ping", self.health)
@@ -72,7 +77,8 @@ class EngineApp:
     @staticmethod
     async def _uvicorn_headers(_: web.Request, response: web.StreamResponse) -> None:
         response.headers["server"] = "uvicorn"
-        response.headers["vary"] = "Origin"
+        if not response.get(OUTSIDE_CORS):
+            response.headers["vary"] = "Origin"
 
     @web.middleware
     async def _connections(self, request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -20,6 +20,7 @@ import signal
 from collections.abc import Sequence
 from pathlib import Path
 
+from shoal.sim.auth import api_keys
 from shoal.sim.config import EngineConfig
 from shoal.sim.faults import CONNECTION_MODES, METRICS_MODES, Faults
 from shoal.sim.profiles import DEFAULT_PROFILE, PROFILES
@@ -113,6 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--enable-server-load-tracking", action="store_true")
+    v.add_argument(
+        "--api-key", nargs="+", default=None, help="keys required on /v1 (else VLLM_API_KEY)"
+    )
     for names in IGNORED_VALUE_FLAGS:
         v.add_argument(*names, default=None, help=argparse.SUPPRESS)
     for name in IGNORED_SWITCHES:
@@ -202,6 +206,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         prefix_caching_hash_algo=args.prefix_caching_hash_algo,
         enable_server_load_tracking=args.enable_server_load_tracking,
         seed=args.seed,
+        api_keys=api_keys(args.api_key),
         time_scale=args.sim_time_scale,
         startup_seconds=args.sim_startup_seconds,
         stop_probability=args.sim_stop_probability,

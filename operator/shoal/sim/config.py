@@ -28,6 +28,7 @@ class EngineConfig:
     prefix_caching_hash_algo: str = "sha256"
     enable_server_load_tracking: bool = False
     seed: int = 0
+    api_keys: tuple[str, ...] = ()  # --api-key, else VLLM_API_KEY (sim/auth.py)
     # Simulator-only (--sim-*).
     time_scale: float = 1.0
     startup_seconds: float = 0.0

