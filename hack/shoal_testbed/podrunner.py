@@ -58,6 +58,11 @@ _VOLUME_SYNC_SECONDS = 2.0
 _REPORT_RETRY_SECONDS = 1.0
 # After the pod's kwok Logs object could not be written.
 _LOGS_RETRY_SECONDS = 2.0
+# The API server ends each watch after this long; a read timeout past it
+# catches a connection that went quiet without closing (a server that vanished
+# without a FIN), which would otherwise hold the watch forever.
+_WATCH_SECONDS = 60
+_READ_TIMEOUT_SECONDS = (5, _WATCH_SECONDS + 30)
 
 
 @dataclass
@@ -140,7 +145,9 @@ class PodRunner:
         while not self.stop_event.is_set():
             try:
                 # Raw JSON: rules read pods as the API writes them (camelCase).
-                response: Any = self.api.list_pod_for_all_namespaces(_preload_content=False)
+                response: Any = self.api.list_pod_for_all_namespaces(
+                    _preload_content=False, _request_timeout=_READ_TIMEOUT_SECONDS
+                )
                 listing = json.loads(response.data)
                 with self.lock:
                     self.pods = {p["metadata"]["uid"]: p for p in listing["items"]}
@@ -149,13 +156,17 @@ class PodRunner:
                 stream = watch.Watch().stream(
                     self.api.list_pod_for_all_namespaces,
                     resource_version=version,
-                    timeout_seconds=60,
+                    timeout_seconds=_WATCH_SECONDS,
                     allow_watch_bookmarks=True,
+                    _request_timeout=_READ_TIMEOUT_SECONDS,
+                    # Plain JSON, as the listing: no V1Pod model per event
+                    # (CPU the testbed's processes need more).
+                    deserialize=False,
                 )
                 for event in stream:
                     if self.stop_event.is_set():
                         return
-                    kind, raw = event["type"], event["raw_object"]
+                    kind, raw = event["type"], event["object"]
                     if kind == "ERROR":
                         break  # e.g. 410 Gone: re-list
                     if kind == "BOOKMARK":

@@ -3,7 +3,8 @@ kubelet endpoint (kwok's server), which reads the CRI-format log files the pod
 runner writes for each container it plays. What a user sees:
 - `kubectl logs` shows the container's stdout and stderr, `--tail` its last
   lines, and `-f` keeps printing what it prints later;
-- `kubectl logs --previous` shows the container that ran before a restart;
+- `kubectl logs --previous` shows the container that ran before a restart
+  (and `kubectl get pod` reads CrashLoopBackOff while it waits for it);
 - both keep working for pods started before and after an API server restart,
   and a container that exits while the API server is down is reported (exit
   code, CrashLoopBackOff) once it is back, with its one process kept."""
@@ -148,6 +149,8 @@ def test_kubectl_logs_previous_shows_the_container_that_ran_before_the_restart(
             what="flaky in CrashLoopBackOff",
             timeout=60,
         )
+        columns = testbed.kubectl("get", "pod", "flaky", "-n", ns).splitlines()[1].split()
+        assert columns[2] == "CrashLoopBackOff", columns
         # While it waits, kubectl logs (as kubelet) shows the container that exited.
         assert _logs(testbed, ns, "flaky").splitlines() == ["attempt 0"]
         assert _logs(testbed, ns, "flaky", "--previous").splitlines() == ["attempt 0"]
