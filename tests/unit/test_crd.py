@@ -133,8 +133,12 @@ def test_subresources_names_and_columns() -> None:
         "Status",
         "Desired",
         "Current",
+        "Download",
         "Age",
     ]
+    # The download's progress is long: `kubectl get -o wide` only.
+    wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
+    assert wide == ["Download"]
 
 
 def test_status_has_no_defaults() -> None:
