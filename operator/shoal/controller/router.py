@@ -191,6 +191,10 @@ def build_router_deployment(
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
         "readinessProbe": probe,
         "livenessProbe": {**probe, "failureThreshold": 3},
+        # Liveness waits until the router listens: on a busy node its start
+        # (imports, config) outlasted liveness's 15 s and kubelet killed it
+        # over and over (the testbed's real node, tests/node).
+        "startupProbe": {**probe, "periodSeconds": 2, "failureThreshold": 90},
         "volumeMounts": mounts,
     }
     if router.resources:
