@@ -219,8 +219,9 @@ def prepare(
 @dataclass(frozen=True)
 class HostMount:
     """A hostPath volume, or a claim bound to a hostPath or local
-    PersistentVolume: a directory of this machine, which every pod shares as
-    kubelet's bind mounts do (a restarted pod finds its files there)."""
+    PersistentVolume: a directory of this machine, shared as kubelet's bind
+    mounts are (a restarted pod finds its files there). A hostPath is its
+    node's: a subdirectory per node, as each kwok node stands for a machine."""
 
     path: str  # mountPath in the container
     host: str  # the directory on this machine
@@ -247,7 +248,8 @@ def host_mounts(
     for path, volume in host_volume_mounts(pod, container):
         host: str | None = None
         if "hostPath" in volume:
-            host = str(volume["hostPath"]["path"])
+            node = str(pod.get("spec", {}).get("nodeName") or "")
+            host = str(Path(volume["hostPath"]["path"]) / node)
             if volume["hostPath"].get("type") == "DirectoryOrCreate":
                 Path(host).mkdir(parents=True, exist_ok=True)
         else:

@@ -79,6 +79,9 @@ def vllm_engine(pod: Pod) -> Launch | None:
         if args and _on_host_volume(args[0], pod, spec):
             # A model on a volume is loaded from its files, as vLLM would.
             argv.append("--sim-load-model")
+        elif (home := env.get("HF_HOME")) and _on_host_volume(home, pod, spec):
+            # A Hub model with its cache on the node: fetched into it, then loaded.
+            argv += ["--sim-load-model", f"--sim-hf-home={home}"]
         return Launch(argv=argv, env=env, container=spec["name"], image=str(spec["image"]))
     return None
 

@@ -7,7 +7,12 @@ replicas Downloading, no engine pod); with the right one the files are
 fetched once, both replicas load them from the claim, and a restarted
 replica loads them again without a download. While a (slow) download runs,
 status.model.download shows its bytes rising toward the model's size, and
-Progressing and `kubectl get vlc -o wide` say how far it is."""
+Progressing and `kubectl get vlc -o wide` say how far it is.
+
+The node cache (spec.model.cache.node): the engine fetches the model into
+the node's directory (the pod runner gives each kwok node its own host
+directories); a replica restarted on that node loads it without fetching,
+and one moved to another node fetches its own copy there."""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import yaml
 from shoal_testbed.cluster import Testbed
 from tests.e2e.kube import apply, wait_for
 from tests.e2e.operator_env import children, cluster, cluster_manifest, wait_ready
-from tests.fake_hub import FakeHub, serve_hub, tiny_model_files
+from tests.fake_hub import COMMIT, FakeHub, serve_hub, tiny_model_files
 
 pytestmark = pytest.mark.e2e
 
@@ -175,6 +180,70 @@ def test_status_shows_the_download_s_bytes_rising_toward_the_model_s_size(
     header, row = wide.splitlines()[:2]
     assert "DOWNLOAD" in header and "MiB of 6.00 MiB" in row
     testbed.kubectl("delete", "pv", f"{ns}-pv", "--wait=false", check=False)
+
+
+def test_a_node_cache_serves_restarts_on_its_node_and_another_node_fetches_its_own(
+    testbed: Testbed, ns: str, tmp_path: Path
+) -> None:
+    cache_dir = tmp_path / "node-cache"
+    files = tiny_model_files()
+    once = {name: 1 for name in files if not name.startswith("original/")}
+
+    def snapshot(node: str) -> Path:
+        return cache_dir / node / "hub" / "models--org--tiny" / "snapshots" / COMMIT
+
+    def leader_loaded(node: str, *, fetched: int, not_uid: str = "") -> dict[str, Any] | None:
+        """The leader on node that loaded the model after fetching that many files."""
+        for pod in _leaders(testbed, ns, "local"):
+            log = loaded_from(testbed, ns, pod)
+            if (
+                pod["metadata"]["uid"] != not_uid
+                and pod["spec"].get("nodeName") == node
+                and f"{fetched} files fetched from the Hub" in log
+                and "loaded model from" in log
+            ):
+                return pod
+        return None
+
+    with serve_hub(FakeHub(REPO, files)) as hub:
+        manifest = cluster_manifest("local", replicas=1, tensor=1, model=REPO)
+        spec = manifest["spec"]
+        spec["model"]["cache"] = {"node": {"path": str(cache_dir)}}
+        spec["engine"]["env"] = [{"name": "HF_ENDPOINT", "value": hub.url}]
+        spec["placement"] = {"nodeSelector": {"kubernetes.io/hostname": "gpu-h100-1"}}
+        apply(testbed, ns, manifest)
+        first = wait_for(
+            lambda: leader_loaded("gpu-h100-1", fetched=len(once)),
+            what="the engine on gpu-h100-1 fetching the model into the node's cache",
+            timeout=120,
+        )
+        wait_ready(testbed, ns, "local", 1, timeout=90)
+        assert dict(hub.served) == once
+
+        # Restarted on the same node: loaded from the node's directory, nothing fetched.
+        testbed.kubectl("delete", "pod", first["metadata"]["name"], "-n", ns)
+        wait_for(
+            lambda: leader_loaded("gpu-h100-1", fetched=0, not_uid=first["metadata"]["uid"]),
+            what="the restarted engine loading the node's cached model",
+            timeout=120,
+        )
+        wait_ready(testbed, ns, "local", 1, timeout=90)
+        assert dict(hub.served) == once
+
+        # On another node the cache is that node's, empty: the engine fetches its own.
+        spec["placement"] = {"nodeSelector": {"kubernetes.io/hostname": "gpu-h100-2"}}
+        apply(testbed, ns, manifest)
+        wait_for(
+            lambda: leader_loaded("gpu-h100-2", fetched=len(once)),
+            what="the engine moved to gpu-h100-2 fetching the model there",
+            timeout=150,
+        )
+        wait_ready(testbed, ns, "local", 1, timeout=90)
+        assert dict(hub.served) == {name: 2 for name in once}
+    # Each node's copy is in its own directory, at huggingface_hub's paths.
+    assert f"loaded model from {snapshot('gpu-h100-1')}" in loaded_from(testbed, ns, first)
+    for node in ("gpu-h100-1", "gpu-h100-2"):
+        assert (snapshot(node) / "model.safetensors").is_file()
 
 
 def _leaders(bed: Testbed, ns: str, name: str) -> list[dict[str, Any]]:

@@ -2,7 +2,9 @@
 fetches the model's files but the original checkpoint, a second run fetches
 nothing, a missing file is fetched alone, and a gated model without a token
 fails with one line naming the Secret to set; while it runs it serves its
-progress (bytes of the total, rising) on GET /progress."""
+progress (bytes of the total, rising) on GET /progress. A Hub model fetched
+into a Hugging Face cache (what vLLM does with a node cache; the simulator
+plays it) lands at huggingface_hub's paths, and only once."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from shoal.download.hfcache import snapshot
+from shoal.download.hub import Hub
 from shoal.download.progress import Progress, from_json
 from shoal.procs import free_port, wait_until
 from tests.fake_hub import COMMIT, FakeHub, serve_hub, tiny_model_files
@@ -113,3 +117,15 @@ def test_while_it_runs_the_download_serves_its_bytes_rising_to_the_total(tmp_pat
     assert {p.total_bytes for p in seen} == {total}
     assert all(p.bytes_per_second > 0 for p in seen if p.bytes > 0)
     assert seen[-1].total_files == 3
+
+
+def test_a_hub_model_lands_in_the_hf_cache_at_its_commit_once(tmp_path: Path) -> None:
+    files = tiny_model_files()
+    with serve_hub(FakeHub(REPO, files)) as hub, Hub(token=None, base=hub.url) as client:
+        directory, fetched = snapshot(client, repo=REPO, revision="main", hf_home=tmp_path)
+        repo_dir = tmp_path / "hub" / "models--org--tiny"
+        assert directory == repo_dir / "snapshots" / COMMIT
+        assert fetched == 3 and (directory / "config.json").read_bytes() == files["config.json"]
+        assert (repo_dir / "refs" / "main").read_text() == COMMIT
+        assert snapshot(client, repo=REPO, revision="main", hf_home=tmp_path) == (directory, 0)
+        assert sum(hub.served.values()) == 3 and hub.listings == 2

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from shoal_testbed import nodes, podspec, rules
+from shoal_testbed import nodes, podfs, podspec, rules
 
 STAGES = Path(__file__).resolve().parents[2] / "hack" / "testbed" / "kwok-stages.yaml"
 
@@ -145,3 +145,34 @@ def test_vllm_pods_run_the_simulator_with_their_own_arguments_on_the_pod_ip() ->
     bare = rules.vllm_engine(_vllm_pod([], ["--model", "m"]))
     assert bare is not None and bare.argv[3:6] == ["sim", "--model", "m"]
     assert rules.vllm_engine(_vllm_pod(["bash", "-c", "sleep 1"], [])) is None
+
+
+def _node_cached_pod(node: str, host: Path) -> dict[str, Any]:
+    pod = _vllm_pod(["vllm", "serve"], ["org/tiny"])
+    pod["spec"]["nodeName"] = node
+    engine = pod["spec"]["containers"][0]
+    engine["env"].append({"name": "HF_HOME", "value": "/cache/huggingface"})
+    engine["volumeMounts"] = [{"name": "hf-cache", "mountPath": "/cache/huggingface"}]
+    volume = {"path": str(host), "type": "DirectoryOrCreate"}
+    pod["spec"]["volumes"] = [{"name": "hf-cache", "hostPath": volume}]
+    return pod
+
+
+def test_a_hub_model_with_its_cache_on_the_node_is_fetched_there_by_the_simulator(
+    tmp_path: Path,
+) -> None:
+    launch = rules.vllm_engine(_node_cached_pod("gpu-0", tmp_path))
+    assert launch is not None
+    assert launch.argv[-2:] == ["--sim-load-model", "--sim-hf-home=/cache/huggingface"]
+    without = rules.vllm_engine(_vllm_pod(["vllm", "serve"], ["org/tiny"]))
+    assert without is not None and "--sim-load-model" not in without.argv
+
+
+def test_a_host_path_is_its_nodes_own_directory(tmp_path: Path) -> None:
+    def host_of(node: str) -> str:
+        pod = _node_cached_pod(node, tmp_path)
+        (mount,) = podfs.host_mounts(None, pod, pod["spec"]["containers"][0])  # type: ignore[arg-type]
+        return mount.host
+
+    assert host_of("gpu-0") == str(tmp_path / "gpu-0") != host_of("gpu-1")
+    assert (tmp_path / "gpu-1").is_dir()  # DirectoryOrCreate

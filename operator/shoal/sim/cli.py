@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import re
 import signal
 from collections.abc import Sequence
@@ -186,6 +187,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="read the model directory's files at start, as vLLM loads weights; exit 1, "
         "as vLLM does, when it holds no config.json",
     )
+    s.add_argument(
+        "--sim-hf-home",
+        type=Path,
+        metavar="DIR",
+        help="with --sim-load-model and a Hub id: fetch the files this Hugging Face cache "
+        "lacks from HF_ENDPOINT first (HF_TOKEN), as vLLM does with HF_HOME, then load them",
+    )
     s.add_argument("--sim-log-level", default="INFO")
 
 
@@ -241,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         log.error("%s", e)
         return 2
-    if args.sim_load_model and not _load_model(config.model):
+    if args.sim_load_model and not _load_model(config.model, hf_home=args.sim_hf_home):
         return 1
     # Each engine gets its own fault state.
     engines = [
@@ -251,9 +259,15 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(engines))
 
 
-def _load_model(model: str) -> bool:
-    """Read every file of a local model directory (the weights' load)."""
+def _load_model(model: str, *, hf_home: Path | None = None) -> bool:
+    """Read every file of a local model directory (the weights' load); a Hub
+    id with hf_home is fetched into that cache first."""
     directory = Path(model)
+    if hf_home is not None and not directory.is_dir():
+        found = _from_hub(model, hf_home)
+        if found is None:
+            return False
+        directory = found
     if not (directory / "config.json").is_file():
         log.error(
             "ValueError: Invalid repository ID or local directory specified: %r "
@@ -265,6 +279,23 @@ def _load_model(model: str) -> bool:
     size = sum(len(path.read_bytes()) for path in files)
     log.info("loaded model from %s: %d files, %d bytes", directory, len(files), size)
     return True
+
+
+def _from_hub(repo: str, hf_home: Path) -> Path | None:
+    # Loaded here only: the simulator needs no HTTP client otherwise.
+    import httpx
+
+    from shoal.download.hfcache import snapshot
+    from shoal.download.hub import Hub, HubError
+
+    try:
+        with Hub(token=os.environ.get("HF_TOKEN") or None) as hub:
+            directory, fetched = snapshot(hub, repo=repo, revision="main", hf_home=hf_home)
+    except (HubError, httpx.HTTPError, OSError) as error:
+        log.error("OSError: %s", error)
+        return None
+    log.info("%s: %d files fetched from the Hub into %s", repo, fetched, directory)
+    return directory
 
 
 async def _serve(engines: Sequence[tuple[EngineConfig, Address]]) -> int:
