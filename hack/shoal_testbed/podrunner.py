@@ -318,9 +318,13 @@ class PodRunner:
                 _content_type="application/apply-patch+yaml",
             )
         except API_ERRORS as error:
-            log.warning("%s: logs not published, will retry: %s", pod_key(entry.pod), error)
-            entry.logs_at = now + _LOGS_RETRY_SECONDS
-            return
+            if not (isinstance(error, client.ApiException) and error.status == 404):
+                log.warning("%s: logs not published, will retry: %s", pod_key(entry.pod), error)
+                entry.logs_at = now + _LOGS_RETRY_SECONDS
+                return
+            # No Logs CRD (a testbed started before kwok served logs) or no
+            # namespace (the pod goes with it): nothing to retry for.
+            log.info("%s: logs not published: %s", pod_key(entry.pod), error.reason)
         entry.logs_published = True
 
     def _unpublish_logs(self, entry: Running) -> None:
