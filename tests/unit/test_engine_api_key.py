@@ -3,8 +3,8 @@ caller of them that sends it.
 
 - the leader's engine gets the key as VLLM_API_KEY from the Secret, never in
   its arguments, the ConfigMap or the pod spec's text;
-- the router pod has the Secret mounted and router.json points at the file
-  (the key itself is nowhere in the router's manifests);
+- the router pod has the Secret mounted and is given the file's path on its
+  command line (`--engine-key-file`), as the clients' keys' file;
 - `--api-key` in extraArgs, in any spelling vLLM reads, is refused at
   admission naming spec.engine.apiKeySecret (the Python twin of the CEL rule);
 - the operator's engine client sends `Authorization: Bearer <key>` when keyed.
@@ -48,14 +48,17 @@ def test_without_a_secret_engines_get_no_key_and_routers_no_key_file() -> None:
     assert json.loads(configmap["data"]["router.json"])["engineKeyFile"] is None
     router_pod = fleet.after[0]["spec"]["template"]["spec"]
     assert "engine-key" not in {v["name"] for v in router_pod["volumes"]}
+    assert "--engine-key-file" not in router_pod["containers"][0]["args"]
 
 
-def test_the_router_pod_mounts_the_engine_key_and_its_config_names_the_file() -> None:
+def test_the_router_pod_mounts_the_engine_key_and_is_told_the_files_path() -> None:
     fleet = fleet_of(spec_of(engine={"maxModelLen": 8192, "apiKeySecret": SECRET}))
     configmap = next(m for m in fleet.static if m["kind"] == "ConfigMap")
-    config = json.loads(configmap["data"]["router.json"])
-    assert config["engineKeyFile"] == "/etc/shoal/engine-key/api-key"
+    # As the clients' keys: the path on the command line, nothing in the ConfigMap.
+    assert json.loads(configmap["data"]["router.json"])["engineKeyFile"] is None
     router_pod = fleet.after[0]["spec"]["template"]["spec"]
+    args = router_pod["containers"][0]["args"]
+    assert args[args.index("--engine-key-file") + 1] == "/etc/shoal/engine-key/api-key"
     assert {"name": "engine-key", "secret": {"secretName": "engine-keys"}} in router_pod["volumes"]
     mounts = router_pod["containers"][0]["volumeMounts"]
     assert {"name": "engine-key", "mountPath": "/etc/shoal/engine-key", "readOnly": True} in mounts

@@ -30,20 +30,12 @@ API_KEYS_DIR = "/etc/shoal/api-keys"
 ENGINE_KEY_DIR = "/etc/shoal/engine-key"
 
 
-def engine_key_file(spec: VLLMClusterSpec) -> str | None:
-    """Where the router pod has spec.engine.apiKeySecret mounted, if set."""
-    secret = spec.engine.api_key_secret
-    return f"{ENGINE_KEY_DIR}/{secret.key}" if secret is not None else None
-
-
 def router_config(spec: VLLMClusterSpec) -> RouterConfig:
     """spec.router's routing settings as they are, plus the engines' per-replica
-    maxNumSeqs and the path of their key's mounted file. No key is in it: secrets
-    go to the pod as mounted files (the clients' keys' path is on the command
-    line, `--api-key-file`)."""
-    return RouterConfig.for_cluster(
-        spec.router, max_num_seqs=spec.engine.max_num_seqs, engine_key_file=engine_key_file(spec)
-    )
+    maxNumSeqs. The API key Secrets are not in it: the router gets the mounted
+    files' paths on its command line (`--api-key-file`, `--engine-key-file`), as
+    secrets go to a pod."""
+    return RouterConfig.for_cluster(spec.router, max_num_seqs=spec.engine.max_num_seqs)
 
 
 def render_router_config(spec: VLLMClusterSpec) -> str:
@@ -181,6 +173,7 @@ def build_router_deployment(
     engine_key = spec.engine.api_key_secret
     if engine_key is not None:
         # A mounted file, re-read when kubelet updates it (router/keys.py).
+        args += ["--engine-key-file", f"{ENGINE_KEY_DIR}/{engine_key.key}"]
         mounts.append({"name": "engine-key", "mountPath": ENGINE_KEY_DIR, "readOnly": True})
         volumes.append({"name": "engine-key", "secret": {"secretName": engine_key.name}})
     container: dict[str, Any] = {

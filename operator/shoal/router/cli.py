@@ -39,6 +39,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=Path,
         help="accepted API keys, one per line (overrides apiKeyFile in --config)",
     )
+    parser.add_argument(
+        "--engine-key-file",
+        type=Path,
+        help="key sent to engines, first line (overrides engineKeyFile in --config)",
+    )
     parser.add_argument("--log-level", default="INFO")
     parser.set_defaults(func=run)
 
@@ -60,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         engine_port=args.engine_port,
     )
     key_path = args.api_key_file or config.api_key_file
-    engine_key_path = config.engine_key_file
+    engine_key_path = args.engine_key_file or config.engine_key_file
     try:
         key_file = KeyFile(Path(key_path)) if key_path else None
         engine_key_file = KeyFile(Path(engine_key_path)) if engine_key_path else None

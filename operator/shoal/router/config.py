@@ -42,11 +42,8 @@ class RouterConfig(RouterSettings):
         return cls.model_validate(json.loads(path.read_text()))
 
     @classmethod
-    def for_cluster(
-        cls, settings: RouterSettings, *, max_num_seqs: int, engine_key_file: str | None = None
-    ) -> RouterConfig:
+    def for_cluster(cls, settings: RouterSettings, *, max_num_seqs: int) -> RouterConfig:
         """The config the operator writes for a VLLMCluster: its routing settings as
-        they are, plus the engines' per-replica maxNumSeqs and where their key is
-        mounted (spec.engine.apiKeySecret)."""
+        they are, plus the engines' per-replica maxNumSeqs."""
         fields = {name: getattr(settings, name) for name in RouterSettings.model_fields}
-        return cls(**fields, max_num_seqs=max_num_seqs, engine_key_file=engine_key_file)
+        return cls(**fields, max_num_seqs=max_num_seqs)
