@@ -3,7 +3,9 @@ follow a load ramp up and down within the bounds and the down window, with no
 request lost while replicas drain; an idle fleet goes to zero, its routers
 stay Ready, and a request sent at zero is held and served once a replica
 started (the wait is printed); a steady load near a threshold changes
-nothing; an HPA targeting the cluster makes the autoscaler stand aside."""
+nothing; an HPA targeting the cluster makes the autoscaler stand aside; a scale-down
+removes the replica whose loss costs least (one out of rotation), not the
+highest index, and renames no other."""
 
 from __future__ import annotations
 
@@ -18,9 +20,11 @@ from shoal_testbed.cluster import Testbed
 from tests.e2e.kube import apply, wait_for
 from tests.e2e.operator_env import (
     MODEL,
+    children,
     cluster,
     cluster_manifest,
     events,
+    leader_pods,
     printed_columns,
     router_url,
     wait_ready,
@@ -254,3 +258,54 @@ def test_an_hpa_targeting_the_cluster_makes_the_autoscaler_stand_aside(
         what="the autoscaler back once the HPA is gone",
         timeout=30,
     )
+
+
+def sets_now(bed: Testbed, ns: str) -> list[dict[str, Any]]:
+    return children(bed, ns, "cheap", "statefulsets")
+
+
+def test_a_scale_down_removes_the_replica_that_costs_least_and_renames_no_other(
+    testbed: Testbed, ns: str
+) -> None:
+    # Replica 0 is held out of rotation: it serves nothing, so its loss costs
+    # nothing. minReplicas 3 keeps the idle fleet at 3 until then; at 1 the
+    # fleet goes 3 -> 1. The replica kept is one that served, under its own
+    # name (removing the highest indices would have kept the held one).
+    autoscaling = {
+        "minReplicas": 3,
+        "maxReplicas": 3,
+        "targetPerReplica": 2,
+        "scaleDownStabilizationSeconds": 6,
+    }
+    apply(testbed, ns, cluster_manifest("cheap", replicas=3, autoscaling=autoscaling))
+    wait_ready(testbed, ns, "cheap", 3)
+    testbed.kubectl(
+        "annotate", "statefulset", "cheap-r0", "-n", ns, "serving.shoal.dev/paused=true"
+    )
+
+    def states() -> dict[int, str]:
+        found = cluster(testbed, ns, "cheap").get("status", {}).get("replicaStatuses") or []
+        return {entry["index"]: entry["state"] for entry in found}
+
+    wait_for(lambda: states().get(0) == "Held", what="replica 0 held", timeout=60)
+    before = {s["metadata"]["name"]: s["metadata"]["uid"] for s in sets_now(testbed, ns)}
+    patch = '{"spec": {"autoscaling": {"minReplicas": 1}}}'
+    testbed.kubectl("patch", "vllmcluster", "cheap", "-n", ns, "--type=merge", "-p", patch)
+    wait_for(
+        lambda: (
+            cluster(testbed, ns, "cheap").get("status", {}).get("replicas") == 1
+            and spec_replicas(testbed, ns, "cheap") == 1
+        ),
+        what="cheap scaled down to one replica",
+        timeout=120,
+        interval=0.5,
+    )
+    # The one kept is the same StatefulSet under its own name (not renamed or made anew).
+    after = {s["metadata"]["name"]: s["metadata"]["uid"] for s in sets_now(testbed, ns)}
+    assert list(after) == ["cheap-r1"], after
+    assert after["cheap-r1"] == before["cheap-r1"], "the kept replica was made anew"
+    assert [p["metadata"]["name"] for p in leader_pods(testbed, ns, "cheap")] == ["cheap-r1-0"]
+    annotations = cluster(testbed, ns, "cheap")["metadata"]["annotations"]
+    assert annotations["serving.shoal.dev/removal-order"].split(",")[0] == "0", annotations
+    assert "ScaledDown" in reasons(testbed, ns, "cheap")
+    wait_ready(testbed, ns, "cheap", 1)

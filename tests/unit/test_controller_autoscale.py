@@ -178,7 +178,9 @@ shoal_router_requests_created{code="200",replica="c-r0-0"} 1.7e9
 
 def test_demand_is_in_flight_plus_queued_summed_over_the_routers() -> None:
     one = parse_router_demand(ROUTER_METRICS)
-    assert one == RouterDemand(in_flight=7, queued=2, answered=11)
+    assert one == RouterDemand(
+        in_flight=7, queued=2, answered=11, by_replica={"c-r0-0": 3, "c-r1-0": 4}
+    )
     demand, counts_now = total_demand({"a": one, "b": one, "c": None}, {})
     assert demand == Demand(requests=18, arrived=False)  # first sight: a baseline only
     moved = RouterDemand(in_flight=0, queued=0, answered=12)

@@ -30,7 +30,6 @@ PURE_CONTROLLER = (
     "decide",
     "desired",
     "engine",
-    "events",
     "failures",
     "identity",
     "names",
@@ -38,6 +37,7 @@ PURE_CONTROLLER = (
     "placement",
     "pods",
     "restarts",
+    "retire",
     "rollout",
     "router",
     "services",
@@ -56,7 +56,6 @@ IO_CONTROLLER = (
     "metrics",
     "probes",
     "reconcile",
-    "recorder",
     "warming",
 )
 # Pure modules outside the controller whose functions the keyword rule covers.

@@ -98,6 +98,8 @@ class RouterDemand:
     in_flight: float
     queued: float
     answered: float  # requests it answered so far, every replica and code
+    # Requests in flight by replica (the router's label: the leader pod's name).
+    by_replica: Mapping[str, float] = field(default_factory=dict)
 
 
 def parse_router_demand(text: str) -> RouterDemand:
@@ -105,15 +107,29 @@ def parse_router_demand(text: str) -> RouterDemand:
     wanted = (INFLIGHT, QUEUE_DEPTH, REQUESTS)
     kept = "\n".join(line for line in text.splitlines() if any(n in line[:80] for n in wanted))
     in_flight = queued = answered = 0.0
+    by_replica: dict[str, float] = {}
     for family in text_string_to_metric_families(kept + "\n"):
         for sample in family.samples:
             if sample.name == INFLIGHT:
                 in_flight += sample.value
+                replica = sample.labels.get("replica", "")
+                by_replica[replica] = by_replica.get(replica, 0.0) + sample.value
             elif sample.name == QUEUE_DEPTH:
                 queued += sample.value
             elif sample.name == REQUESTS + "_total":
                 answered += sample.value
-    return RouterDemand(in_flight=in_flight, queued=queued, answered=answered)
+    return RouterDemand(
+        in_flight=in_flight, queued=queued, answered=answered, by_replica=by_replica
+    )
+
+
+def in_flight_by_replica(scrapes: Mapping[str, RouterDemand | None]) -> dict[str, float]:
+    """Requests in flight to each replica (by the routers' label), over every router."""
+    total: dict[str, float] = {}
+    for found in scrapes.values():
+        for replica, count in (found.by_replica if found is not None else {}).items():
+            total[replica] = total.get(replica, 0.0) + count
+    return total
 
 
 def total_demand(

@@ -34,6 +34,7 @@ from shoal.controller.autoscale import (
     ScalePolicy,
     ScaleReason,
     decide_scale,
+    in_flight_by_replica,
     parse_router_demand,
     total_demand,
 )
@@ -42,8 +43,9 @@ from shoal.controller.decide import Event, EventType
 from shoal.controller.identity import ClusterRef
 from shoal.controller.kube import ApiError
 from shoal.controller.logs import cluster_logger
-from shoal.controller.names import ANNOTATION_PAUSED, ROUTER_PORT
+from shoal.controller.names import ANNOTATION_PAUSED, ANNOTATION_REMOVAL_ORDER, ROUTER_PORT
 from shoal.controller.reconcile import now_text, parse, router_pods
+from shoal.controller.retire import order_text, removal_order, replica_loads
 from shoal.engine.client import METRICS_DEADLINE_SECONDS
 from shoal.engine.endpoints import base_url
 
@@ -103,8 +105,10 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
     policy = policy_of(spec)
     current = spec.replicas
     generation = int(meta.get("generation", 0))
-    if state.set_to is not None and state.set_to[1] == generation:
-        current = state.set_to[0]  # our scale is not in this body yet
+    if state.set_to is not None and generation <= state.set_to[1]:
+        # Our scale is not in this body yet (the watch lags; under load by
+        # more than a round): without this the same scale was made again.
+        current = state.set_to[0]
     existing = status.get("replicas")
     now = time.monotonic()
     other = await _other_scaler(ctx, ref, state)
@@ -118,16 +122,32 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
         )
         demand = Demand(requests=None, arrived=False)
         routers = 0
+        in_flight: dict[str, float] = {}
     else:
         scrapes = await _read_routers(ctx, await router_pods(ctx, ref))
         routers = sum(1 for found in scrapes.values() if found is not None)
         demand, state.answered = total_demand(scrapes, state.answered)
+        in_flight = in_flight_by_replica(scrapes)
         decision = decide_scale(
             policy, demand=demand, current=current, memory=state.memory, now=now
         )
         state.memory = decision.memory
     scaled_at = (state.written or {}).get("lastScaleTime")
     if decision.desired != current:
+        if decision.desired < current:
+            # Which replicas go, named before the count drops: the reconciler
+            # removes them in this order (controller/retire.py).
+            loads = replica_loads(status.get("replicaStatuses") or [], in_flight, cluster=ref.name)
+            order = order_text(removal_order(loads))
+            if order != (meta.get("annotations") or {}).get(ANNOTATION_REMOVAL_ORDER):
+                await ctx.kube.patch(
+                    API_VERSION,
+                    KIND,
+                    ref.namespace,
+                    ref.name,
+                    {"metadata": {"annotations": {ANNOTATION_REMOVAL_ORDER: order}}},
+                    field_manager=FIELD_MANAGER,
+                )
         await ctx.kube.patch(
             API_VERSION,
             KIND,

@@ -3,9 +3,10 @@ one. Pure: facts, probe results, a little memory and the time in; the whole
 decision (actions, events and the new memory) out. The reconciler
 (`reconcile`) carries it out.
 
-- Missing replicas are created at once; replicas beyond spec.replicas are
-  drained (out of routing first, deleted once in-flight requests finished or a
-  deadline passed), highest indices being the ones removed.
+- Missing replicas are created at once; replicas the desired fleet no longer
+  keeps (`retire.kept_indices`: the autoscaler's cheapest first, else the
+  highest indices) are drained (out of routing first, deleted once in-flight
+  requests finished or a deadline passed).
 - Replicas whose manifests or pods are outdated are replaced whole (every pod
   of the group), at most rollout.maxUnavailable at a time, counting replicas
   that are already not Ready, the next only once the last is Ready again.
@@ -614,7 +615,7 @@ def _drain(
             return part, started
     part.delete_sets += replica.sets
     part.events.append(
-        Event(EventType.NORMAL, "ReplicaRemoved", f"removing replica {index}: {why}", replica=index)
+        Event(EventType.NORMAL, "ReplicaRemoved", f"removed replica {index}: {why}", replica=index)
     )
     return part, None
 
@@ -665,7 +666,7 @@ def _create_missing(desired: Desired, missing: set[int]) -> Decision:
         if desired.rollout is not None:
             part.marks[_name(objects.leader)] = created(desired.rollout)
         part.events.append(
-            Event(EventType.NORMAL, "ReplicaCreated", f"creating replica {index}", replica=index)
+            Event(EventType.NORMAL, "ReplicaCreated", f"created replica {index}", replica=index)
         )
     return part
 

@@ -78,8 +78,10 @@ def desired_fleet(
     *,
     router_image: str,
     router_pull_secrets: Sequence[str] = (),
+    indices: Sequence[int] | None = None,
 ) -> DesiredFleet:
-    """router_pull_secrets: the Secrets the operator was told pull its own image with."""
+    """router_pull_secrets: the Secrets the operator was told pull its own image with;
+    indices: the replicas kept (`retire.kept_indices`; None: 0..spec.replicas-1)."""
     configmap = build_router_configmap(ref, spec)
     return DesiredFleet(
         before=[
@@ -92,7 +94,10 @@ def desired_fleet(
             build_router_service(ref, spec),
             build_router_pdb(ref, spec),
         ],
-        replicas=[build_replica(ref, spec, index=index) for index in range(spec.replicas)],
+        replicas=[
+            build_replica(ref, spec, index=index)
+            for index in (range(spec.replicas) if indices is None else indices)
+        ],
         after=[
             build_router_deployment(
                 ref,

@@ -35,6 +35,9 @@ ANNOTATION_SPEC_HASH = f"{DOMAIN}/spec-hash"
 ANNOTATION_ROUTER_CONFIG_HASH = f"{DOMAIN}/router-config-hash"
 # On the pods of a multi-node group: the members the group was formed with.
 ANNOTATION_GROUP = f"{DOMAIN}/group"
+# On a VLLMCluster: replica indices, the first to remove first on a scale-down
+# (the autoscaler ranks them by what their loss costs; controller/retire.py).
+ANNOTATION_REMOVAL_ORDER = f"{DOMAIN}/removal-order"
 
 # The readiness gate of leader pods: True once the replica may take traffic.
 CONDITION_WARMED = f"{DOMAIN}/warmed"

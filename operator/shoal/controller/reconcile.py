@@ -54,6 +54,7 @@ from shoal.controller.logs import cluster_logger
 from shoal.controller.names import (
     ANNOTATION_GROUP,
     ANNOTATION_PAUSED,
+    ANNOTATION_REMOVAL_ORDER,
     ANNOTATION_SPEC_HASH,
     CONDITION_WARMED,
     engine_selector,
@@ -63,7 +64,9 @@ from shoal.controller.names import (
 )
 from shoal.controller.observe import Observed, SetFacts, observe
 from shoal.controller.placement import GPU_COUNT_LABEL, with_gpu_facts
+from shoal.controller.probes import engine_key
 from shoal.controller.restarts import seed_restart_times
+from shoal.controller.retire import kept_indices, parse_order
 from shoal.controller.rollout import Marks, RolloutPolicy, held_back, marks_of, spec_text
 from shoal.controller.status import (
     Refusal,
@@ -154,10 +157,12 @@ async def _reconcile(
     observed, listed = await _observe(ctx, ref, spec)
     fleet = None
     desired = None
+    kept: list[int] | None = None
     changed: dict[str, list[str]] = {}
     if valid:
         assert spec is not None
         policy = rollout_policy(spec, observed, listed)
+        kept = live_indices(spec, observed, meta.get("annotations") or {})
         fleet, fallback = held_back(
             ref,
             desired_fleet(
@@ -165,12 +170,13 @@ async def _reconcile(
                 spec,
                 router_image=ctx.settings.router_image,
                 router_pull_secrets=ctx.settings.router_pull_secrets,
+                indices=kept,
             ),
             policy=policy,
         )
         if not paused:
             changed = drifted(fleet.all(), listed)
-            await _report_drift(ctx, body, ref, state, changed)
+            _report_drift(ctx, body, ref, state, changed)
             observed = _drifted_as_outdated(observed, changed)
         desired = Desired(
             replicas={replica.index: replica for replica in fleet.replicas},
@@ -211,7 +217,7 @@ async def _reconcile(
     if paused:
         decision, probes = Decision(memory=state.memory), Probes()
     else:
-        probes = await _probe(ctx, ref, state, observed, spec if valid else None)
+        probes = await _probe(ctx, ref, state, observed, spec if valid else None, kept=kept)
         nodes = None
         if desired is not None:
             lost = await _nodes_not_ready(ctx, state, observed)
@@ -231,7 +237,7 @@ async def _reconcile(
                     ctx.kube, ref, spec, pod, lambda: ctx.wakeups.poke((ref.namespace, ref.name))
                 )
     state.memory = decision.memory
-    await _report_spec(ctx, body, state, errors)
+    _report_spec(ctx, body, state, errors)
     # Our last write is fresher than the body while the watch catches up.
     previous = state.last_status if state.last_status is not None else body.get("status") or {}
     status = build_status(
@@ -251,14 +257,14 @@ async def _reconcile(
             now=now_text(),
             refused=tuple(refused),
             download=download,
+            live=frozenset(kept) if kept is not None else None,
         )
     )
     told = decision.degraded[0] if decision.degraded is not None else None
     if (event := degraded_event(previous, status, told=told)) is not None:
-        # Before the status write it is derived from, so a killed pass posts it again.
         log.warning("%s: %s", event.reason, event.message)
-        await ctx.record_event(body, event)
-    await _report_refusals(ctx, body, state, tuple(refused))
+        ctx.post_event(body, event)
+    _report_refusals(ctx, body, state, tuple(refused))
     await _write_status(ctx, ref, state, previous, status)
     replicas = spec.replicas if spec is not None else int(status.get("replicas") or 0)
     ctx.metrics.observe_cluster((ref.namespace, ref.name), desired=replicas, status=status)
@@ -302,6 +308,16 @@ async def _observe(
     return observed, listed
 
 
+def live_indices(
+    spec: VLLMClusterSpec, observed: Observed, annotations: Mapping[str, str]
+) -> list[int]:
+    """The replicas the spec keeps: those that exist, less the first of the
+    autoscaler's removal order (only while it scales the cluster), or more."""
+    text = annotations.get(ANNOTATION_REMOVAL_ORDER) if spec.autoscaling is not None else None
+    existing = [i for i, replica in observed.replicas.items() if replica.leader is not None]
+    return kept_indices(count=spec.replicas, existing=existing, order=parse_order(text))
+
+
 def _drifted_as_outdated(observed: Observed, changed: dict[str, list[str]]) -> Observed:
     """A StatefulSet changed by hand no longer is what its recorded hash says:
     without the hash it is outdated, and the rollout (warm-gated, within
@@ -324,7 +340,7 @@ def _drifted_as_outdated(observed: Observed, changed: dict[str, list[str]]) -> O
     return dataclasses.replace(observed, replicas=replicas)
 
 
-async def _report_drift(
+def _report_drift(
     ctx: OperatorContext,
     body: Mapping[str, Any],
     ref: ClusterRef,
@@ -335,7 +351,7 @@ async def _report_drift(
     for the rollout's budget)."""
     for key, fields in changed.items():
         if state.drift_reported.get(key) != fields:
-            await _announce(ctx, body, ref, _drift_event(key, fields))
+            _post(ctx, body, ref, _drift_event(key, fields))
     state.drift_reported = dict(changed)
 
 
@@ -345,8 +361,10 @@ async def _probe(
     state: ClusterState,
     observed: Observed,
     spec: VLLMClusterSpec | None,
+    *,
+    kept: list[int] | None,
 ) -> Probes:
-    wanted = set(range(spec.replicas)) if spec is not None else set(observed.replicas)
+    wanted = set(kept) if kept is not None else set(observed.replicas)
     nodes = nodes_per_replica(spec) if spec is not None else None
     health, metrics = probe_targets(
         observed, wanted=wanted, nodes=nodes, kv_known=set(state.kv_pools)
@@ -377,6 +395,7 @@ async def _probe(
             targets,
             lambda: ctx.wakeups.poke((ref.namespace, ref.name)),
             routers=routers,
+            key=await engine_key(ctx.kube, namespace=ref.namespace, spec=spec) if targets else None,
         )
     return Probes(
         healthy=healthy,
@@ -477,7 +496,7 @@ async def _apply_static(
         if found is None:
             if key in state.static_applied:
                 event = Event(
-                    EventType.WARNING, "ChildRestored", f"{key} was deleted; making it again"
+                    EventType.WARNING, "ChildRestored", f"{key} was deleted; made it again"
                 )
         elif _recorded_hash(found) != manifest_hash(manifest):
             pass  # the spec changed: a plain update
@@ -485,11 +504,11 @@ async def _apply_static(
             event = _drift_event(key, changed)
         else:
             continue
-        if event is not None:
-            await _announce(ctx, body, ref, event)
         if not await _apply(ctx, ref, manifest, refused):
             continue
         state.static_applied.add(key)
+        if event is not None:
+            _post(ctx, body, ref, event)
 
 
 def _recorded_hash(live: Manifest) -> str | None:
@@ -503,18 +522,15 @@ def _drift_event(key: str, changed: list[str]) -> Event:
     return Event(
         EventType.WARNING,
         "DriftReverted",
-        f"{key} was changed outside shoal ({fields}); restoring what the spec says",
+        f"{key} was changed outside shoal ({fields}); restored what the spec says",
     )
 
 
-async def _announce(
-    ctx: OperatorContext, body: Mapping[str, Any], ref: ClusterRef, event: Event
-) -> None:
-    """Log and post an Event, before the action it announces (see `events`)."""
+def _post(ctx: OperatorContext, body: Mapping[str, Any], ref: ClusterRef, event: Event) -> None:
     level = logging.WARNING if event.type is EventType.WARNING else logging.INFO
     logger = cluster_logger(ref.namespace, ref.name, replica=event.replica, pod=event.pod)
     logger.log(level, "%s: %s", event.reason, event.message)
-    await ctx.record_event(body, event)
+    ctx.post_event(body, event)
 
 
 async def _act(
@@ -529,9 +545,6 @@ async def _act(
     changed: dict[str, list[str]],
     refused: list[Refusal],
 ) -> None:
-    # Told before done: a pass killed after acting has posted its story already.
-    for event in decision.events:
-        await _announce(ctx, body, ref, event)
     if fleet is not None:
         await _apply_static(ctx, body, ref, state, fleet.before, live, refused)
     sets = {s.name for r in observed.replicas.values() for s in r.sets}
@@ -603,6 +616,8 @@ async def _act(
             pod.name,
             {"metadata": {"annotations": {ANNOTATION_GROUP: token}}},
         )
+    for event in decision.events:
+        _post(ctx, body, ref, event)
 
 
 async def _mark(
@@ -623,7 +638,7 @@ async def _mark(
     return True
 
 
-async def _report_refusals(
+def _report_refusals(
     ctx: OperatorContext, body: Mapping[str, Any], state: ClusterState, refused: tuple[Refusal, ...]
 ) -> None:
     """A Warning Event when child writes are refused (once per distinct refusal)."""
@@ -632,11 +647,11 @@ async def _report_refusals(
     if event is not None and message != state.last_failure:
         meta = body["metadata"]
         cluster_logger(meta["namespace"], meta["name"]).warning("%s: %s", event.reason, message)
-        await ctx.record_event(body, event)
+        ctx.post_event(body, event)
     state.last_failure = message
 
 
-async def _report_spec(
+def _report_spec(
     ctx: OperatorContext, body: Mapping[str, Any], state: ClusterState, errors: list[SpecError]
 ) -> None:
     """An Event when the spec turns invalid (or its errors change)."""
@@ -645,7 +660,7 @@ async def _report_spec(
         event = Event(EventType.WARNING, "InvalidSpec", f"{message}; nothing was changed")
         meta = body["metadata"]
         cluster_logger(meta["namespace"], meta["name"]).warning("InvalidSpec: %s", message)
-        await ctx.record_event(body, event)
+        ctx.post_event(body, event)
     state.last_error = message
 
 

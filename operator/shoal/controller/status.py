@@ -67,6 +67,8 @@ class StatusInputs:
     now: str  # RFC 3339
     refused: tuple[Refusal, ...] = ()  # this pass's child writes the API server refused
     download: Download | None = None  # the shared model cache's Job, when there is one
+    # The replica indices the spec keeps (None: the first spec.replicas).
+    live: frozenset[int] | None = None
 
 
 def build_status(inputs: StatusInputs) -> dict[str, Any]:
@@ -75,9 +77,10 @@ def build_status(inputs: StatusInputs) -> dict[str, Any]:
     acted_on = spec if spec is not None and not inputs.errors else None
     nodes = nodes_per_replica(acted_on) if acted_on is not None else _running_nodes(observed)
     wanted = acted_on.replicas if acted_on is not None else len(observed.replicas)
-    # A replica beyond spec.replicas is listed while its StatefulSets exist.
-    kept = {i for i, r in observed.replicas.items() if i < wanted or r.sets}
-    indices = sorted(kept | set(range(wanted)))
+    live = _live(inputs, wanted)
+    # A replica the spec no longer keeps is listed while its StatefulSets exist.
+    kept = {i for i, r in observed.replicas.items() if i in live or r.sets}
+    indices = sorted(kept | live)
     previous_replicas = {
         entry.get("index"): entry for entry in inputs.previous.get("replicaStatuses") or []
     }
@@ -91,8 +94,8 @@ def build_status(inputs: StatusInputs) -> dict[str, Any]:
         )
         for i in indices
     ]
-    warm = sum(1 for r in replicas if r.index < wanted and r.state is ReplicaState.SERVING)
-    ready = sum(1 for i in range(wanted) if _engine_up(inputs, observed.replica(i), nodes=nodes))
+    warm = sum(1 for r in replicas if r.index in live and r.state is ReplicaState.SERVING)
+    ready = sum(1 for i in sorted(live) if _engine_up(inputs, observed.replica(i), nodes=nodes))
     # A paused cluster's new generation is not acted on yet.
     observed_generation = inputs.generation
     if inputs.paused and inputs.previous.get("observedGeneration") is not None:
@@ -114,6 +117,12 @@ def build_status(inputs: StatusInputs) -> dict[str, Any]:
 
 def _model_status(download: Download | None) -> ModelStatus | None:
     return ModelStatus(download=download_status(download)) if download is not None else None
+
+
+def _live(inputs: StatusInputs, wanted: int) -> frozenset[int]:
+    """The replicas the spec keeps: the reconciler's (`retire.kept_indices`),
+    else the first `wanted`."""
+    return inputs.live if inputs.live is not None else frozenset(range(wanted))
 
 
 def _running_nodes(observed: Observed) -> int:
@@ -140,7 +149,7 @@ def _engine_up(inputs: StatusInputs, replica: ReplicaFacts, *, nodes: int) -> bo
 
 def _state(inputs: StatusInputs, replica: ReplicaFacts, *, wanted: int, nodes: int) -> ReplicaState:
     index, leader = replica.index, replica.leader_pod
-    if index >= wanted:
+    if index not in _live(inputs, wanted):
         return ReplicaState.DRAINING
     if replica.held:
         return ReplicaState.HELD
@@ -232,7 +241,7 @@ def _capacity(inputs: StatusInputs, wanted: int) -> CapacityStatus | None:
     if plan is None:
         return None
     measured = []
-    for index in range(wanted):
+    for index in sorted(_live(inputs, wanted)):
         leader = inputs.observed.replica(index).leader_pod
         pool = inputs.kv_pools.get(leader.uid) if leader is not None else None
         if pool is not None:
@@ -331,10 +340,11 @@ def _progressing(
         return False, str(stall.state), stall.message
     states = {r.index: r.state for r in replicas}
     draining = sorted(i for i, s in states.items() if s is ReplicaState.DRAINING)
-    missing = [i for i in range(wanted) if inputs.observed.replica(i).leader is None]
+    live = _live(inputs, wanted)
+    missing = [i for i in sorted(live) if inputs.observed.replica(i).leader is None]
     restarting = sorted(i for i, s in states.items() if s is ReplicaState.RESTARTING)
     settled = (ReplicaState.SERVING, ReplicaState.HELD)
-    waiting = sorted(i for i, s in states.items() if i < wanted and s not in settled)
+    waiting = sorted(i for i, s in states.items() if i in live and s not in settled)
     if draining:
         return True, "ScalingDown", f"draining replicas {_list(draining)}"
     if missing:
