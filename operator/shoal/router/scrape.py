@@ -14,12 +14,14 @@ server's event loop), so they must not pile up on an engine that is slow:
   staleness bound, and its replica's last readings stand meanwhile (a
   replica never scraped yet counts as unknown). A late scrape counts as a
   failure and starts a "slow" episode (one WARNING);
-- after each answer a replica waits at least PACE times as long as that
-  answer took before it is scraped again: the slower its answers, the
-  fewer scrapes it gets, so a CPU-starved engine spends a bounded share of
-  its time on one router's scrapes rather than all of it (a fixed-rate
-  scraper that abandons answers at the deadline made two routers' scrapes
-  outrun such an engine, which then served nothing);
+- after a late answer a replica waits PACE times as long as that answer
+  took before it is scraped again (but no longer than half the staleness
+  bound, so its readings are renewed before they go stale): the slower its
+  answers, the fewer scrapes it gets, so a CPU-starved engine spends a
+  bounded share of its time on one router's scrapes rather than all of it
+  (a fixed-rate scraper that abandoned answers at the deadline made two
+  routers' scrapes outrun such an engine, which then served nothing). An
+  answer on time is followed by the next round's scrape, as before;
 - when a round's wait for answers comes back a whole deadline later than
   asked, the router's own event loop was held (a CPU-starved router pod):
   lateness then says nothing about the engines, and nobody is counted late.
@@ -43,16 +45,18 @@ from shoal.router.metrics import RouterMetrics
 
 log = logging.getLogger("shoal.router.scrape")
 
-# After an answer that took d seconds, a replica is scraped again no sooner
-# than PACE * d later (and no sooner than an interval after the last start):
-# at most about 1 / (1 + PACE) of an engine's time goes to one router's scrapes.
+# After a late answer that took d seconds, a replica is scraped again PACE * d
+# later: about 1 / (1 + PACE) of a slow engine's time goes to one router's scrapes.
 PACE = 9.0
 
 
-def next_scrape(*, began: float, ended: float, interval: float) -> float:
+def next_scrape(*, began: float, ended: float, late: bool, interval: float, stale: float) -> float:
     """When a replica whose last scrape ran from `began` to `ended` may be
-    scraped again."""
-    return max(began + interval, ended + PACE * (ended - began))
+    scraped again: at the next round if it answered on time; after a late
+    answer, PACE times its duration later, within half the staleness bound."""
+    if not late:
+        return began + interval
+    return ended + max(interval, min(PACE * (ended - began), stale / 2))
 
 
 def loop_was_late(*, waited: float, deadline: float) -> bool:
@@ -166,8 +170,13 @@ class Scraper:
         signals, problem = await self._fetch(replica)
         ended = time.monotonic()
         target.task = None
+        config = self.fleet.config
         target.due = next_scrape(
-            began=began, ended=ended, interval=self.fleet.config.scrape_interval_seconds
+            began=began,
+            ended=ended,
+            late=target.late,
+            interval=config.scrape_interval_seconds,
+            stale=config.stale_after_seconds,
         )
         name = replica.endpoint.name
         if signals is None:
