@@ -127,6 +127,19 @@ WARMUP_BENCH_ARGS ?=
 bench-warmup: testbed install
 	$(BIN)/python hack/warmup_bench.py $(WARMUP_BENCH_ARGS)
 
+# Autoscaling (issue 21): a day-like load (quiet, ramp, peak, fall, idle) on
+# time-scaled simulators through the operator's autoscaler, with and without
+# warm-up gating, against a static fleet sized for the peak: P99 TTFT
+# (overall, ramps), replica-seconds, and a request's latency at zero replicas
+# after the idle phase; bench-results/autoscale.{md,json,png}. About 7 minutes
+# per mode and repeat on a busy machine; uses a running testbed or a private
+# one. Medians over more runs:
+#   make bench-autoscale AUTOSCALE_BENCH_ARGS="--repeat 3"
+AUTOSCALE_BENCH_ARGS ?=
+.PHONY: bench-autoscale
+bench-autoscale: testbed install
+	$(BIN)/python hack/autoscale_bench.py $(AUTOSCALE_BENCH_ARGS)
+
 # The main job: simulated engines behind the cache-aware router with a live
 # per-replica view, then the same workload through round-robin (shoal demo,
 # about a minute); then hack/demo.sh: the same fleet through helm and the
