@@ -30,6 +30,7 @@ PURE_CONTROLLER = (
     "decide",
     "desired",
     "engine",
+    "events",
     "failures",
     "identity",
     "names",
@@ -56,6 +57,7 @@ IO_CONTROLLER = (
     "metrics",
     "probes",
     "reconcile",
+    "recorder",
     "warming",
 )
 # Pure modules outside the controller whose functions the keyword rule covers.

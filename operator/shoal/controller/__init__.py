@@ -11,13 +11,13 @@ builders `engine`, `router`, `services`, `desired` (with `identity`, `names`,
 `observe` (listed objects -> facts), `decide`
 (facts -> actions, with `rollout`: deadlines and rollbacks) and `status`
 (facts and actions -> status), with `restarts` and `failures` (containers'
-states -> why, and what to do), and
+states -> why, and what to do), `events` (the Events shoal posts), and
 `autoscale` (the routers' demand -> replicas) and `retire` (which
 replicas a fleet keeps: the cheapest to lose go first).
 
 I/O: `kube` (the API server), `probes`, `healthloop` and `warming` (the
 engines), `autoscaler` (reads the routers, sets the scale subresource),
-`reconcile` (one pass: read, decide, act),
+`reconcile` (one pass: read, decide, act), `recorder` (posts Events),
 `downloads` (the model cache's Job and claim), `handlers` (kopf),
 `context`, `metrics` and `logs` (process state), `login` (kopf's
 credentials), `cli` (`shoal operator`).

@@ -13,9 +13,10 @@ from prometheus_client import start_http_server
 from shoal import __version__
 from shoal.apiserver import quiet_request_log
 from shoal.controller.context import ControllerSettings, OperatorContext
-from shoal.controller.handlers import build_registry, build_settings, post_event
+from shoal.controller.handlers import build_registry, build_settings
 from shoal.controller.kube import ApiError, KubeApi
 from shoal.controller.metrics import OperatorMetrics
+from shoal.controller.recorder import EventRecorder
 
 log = logging.getLogger("shoal.controller")
 
@@ -88,8 +89,14 @@ async def operate(args: argparse.Namespace) -> None:
         router_pull_secrets=tuple(args.router_image_pull_secret),
     )
     metrics = OperatorMetrics()
+    kube = KubeApi()
+    recorder = EventRecorder(kube, counted=metrics.event_posted)
     ctx = OperatorContext(
-        settings=settings, post_event=metrics.counting(post_event), metrics=metrics
+        settings=settings,
+        kube=kube,
+        post_event=recorder.post,
+        record_event=recorder.record,
+        metrics=metrics,
     )
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)

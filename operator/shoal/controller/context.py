@@ -5,7 +5,7 @@ wake the cluster's reconcile loop), and each cluster's small memory."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,7 +20,8 @@ from shoal.engine.client import EngineClient
 from shoal.engine.metrics import KVPool
 
 ClusterKey = tuple[str, str]  # namespace, name
-PostEvent = Callable[[Any, Event], None]
+PostEvent = Callable[[Any, Event], None]  # in the background
+RecordEvent = Callable[[Any, Event], Awaitable[None]]  # posted when it returns
 
 
 class LiveChildren(Protocol):
@@ -83,6 +84,8 @@ class ClusterState:
 class OperatorContext:
     settings: ControllerSettings
     post_event: PostEvent
+    # What the reconciler awaits before the action an Event announces.
+    record_event: RecordEvent
     kube: KubeApi = field(default_factory=KubeApi)
     # One engine client (one connection pool) for every probe, check and warm-up.
     engine: EngineClient = field(default_factory=EngineClient)

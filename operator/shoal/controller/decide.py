@@ -615,7 +615,7 @@ def _drain(
             return part, started
     part.delete_sets += replica.sets
     part.events.append(
-        Event(EventType.NORMAL, "ReplicaRemoved", f"removed replica {index}: {why}", replica=index)
+        Event(EventType.NORMAL, "ReplicaRemoved", f"removing replica {index}: {why}", replica=index)
     )
     return part, None
 
@@ -666,7 +666,7 @@ def _create_missing(desired: Desired, missing: set[int]) -> Decision:
         if desired.rollout is not None:
             part.marks[_name(objects.leader)] = created(desired.rollout)
         part.events.append(
-            Event(EventType.NORMAL, "ReplicaCreated", f"created replica {index}", replica=index)
+            Event(EventType.NORMAL, "ReplicaCreated", f"creating replica {index}", replica=index)
         )
     return part
 

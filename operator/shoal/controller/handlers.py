@@ -31,6 +31,7 @@ from shoal.controller.autoscaler import PERIOD_SECONDS as AUTOSCALE_SECONDS
 from shoal.controller.autoscaler import AutoscalerState, autoscale
 from shoal.controller.context import ClusterKey, ClusterState, OperatorContext
 from shoal.controller.decide import Event, EventType
+from shoal.controller.events import NAME_PREFIX, REPORTING_COMPONENT
 from shoal.controller.identity import ClusterRef, Manifest
 from shoal.controller.kube import ApiError
 from shoal.controller.login import login  # kopf's credentials, as kr8s finds them
@@ -106,11 +107,6 @@ class IndexedChildren:
 def children_of(key: ClusterKey, handler_kwargs: Mapping[str, Any]) -> IndexedChildren:
     ids = [index_id(kind) for kind in INDEXED_KINDS]
     return IndexedChildren({i: handler_kwargs[i] for i in ids if i in handler_kwargs}, key)
-
-
-def post_event(body: Any, event: Event) -> None:
-    """An Event on the VLLMCluster, posted by kopf in the background."""
-    kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
 
 def context_of(memo: Any) -> OperatorContext:
@@ -245,8 +241,9 @@ def build_settings(*, standalone: bool) -> kopf.OperatorSettings:
         prefix=KOPF_PREFIX, key="last-handled-configuration"
     )
     settings.peering.standalone = standalone
-    settings.posting.reporting_component = "shoal-operator"
-    settings.posting.event_name_prefix = "shoal-"
+    # kopf's own Events (a handler's failures); shoal's are posted by `recorder`.
+    settings.posting.reporting_component = REPORTING_COMPONENT
+    settings.posting.event_name_prefix = NAME_PREFIX
     # Watch only shoal's children, filtered by the API server, not every pod.
     for child in WATCHED_KINDS:
         settings.watching.label_selectors[child[-1]] = LABEL_CLUSTER

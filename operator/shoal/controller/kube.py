@@ -156,6 +156,18 @@ class KubeApi:
         )
         return applied
 
+    async def create(self, manifest: Manifest) -> Manifest:
+        """POST a new object (one named by metadata.generateName, say an Event)."""
+        created: Manifest = await self._object(
+            "POST",
+            api_version=manifest["apiVersion"],
+            kind=manifest["kind"],
+            namespace=manifest["metadata"]["namespace"],
+            params={"fieldManager": FIELD_MANAGER},
+            body=manifest,
+        )
+        return created
+
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Manifest | None:
         try:
             found: Manifest = await self._object(

@@ -99,12 +99,16 @@ class OperatorMetrics:
         """post_event that also counts the Event."""
 
         def post_and_count(body: Any, event: Event) -> None:
-            meta = body.get("metadata") or {}
-            key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-            self._count_event(key, str(event.type), event.reason)
+            self.event_posted(body, event)
             post(body, event)
 
         return post_and_count
+
+    def event_posted(self, body: Any, event: Event) -> None:
+        """Count an Event on the cluster body."""
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        self._count_event(key, str(event.type), event.reason)
 
     def _count_event(self, key: ClusterKey, kind: str, reason: str, by: float = 1) -> None:
         self._seen.setdefault(key, _Seen()).events.add((kind, reason))

@@ -176,7 +176,7 @@ async def _reconcile(
         )
         if not paused:
             changed = drifted(fleet.all(), listed)
-            _report_drift(ctx, body, ref, state, changed)
+            await _report_drift(ctx, body, ref, state, changed)
             observed = _drifted_as_outdated(observed, changed)
         desired = Desired(
             replicas={replica.index: replica for replica in fleet.replicas},
@@ -237,7 +237,7 @@ async def _reconcile(
                     ctx.kube, ref, spec, pod, lambda: ctx.wakeups.poke((ref.namespace, ref.name))
                 )
     state.memory = decision.memory
-    _report_spec(ctx, body, state, errors)
+    await _report_spec(ctx, body, state, errors)
     # Our last write is fresher than the body while the watch catches up.
     previous = state.last_status if state.last_status is not None else body.get("status") or {}
     status = build_status(
@@ -262,9 +262,10 @@ async def _reconcile(
     )
     told = decision.degraded[0] if decision.degraded is not None else None
     if (event := degraded_event(previous, status, told=told)) is not None:
+        # Before the status write it is derived from, so a killed pass posts it again.
         log.warning("%s: %s", event.reason, event.message)
-        ctx.post_event(body, event)
-    _report_refusals(ctx, body, state, tuple(refused))
+        await ctx.record_event(body, event)
+    await _report_refusals(ctx, body, state, tuple(refused))
     await _write_status(ctx, ref, state, previous, status)
     replicas = spec.replicas if spec is not None else int(status.get("replicas") or 0)
     ctx.metrics.observe_cluster((ref.namespace, ref.name), desired=replicas, status=status)
@@ -340,7 +341,7 @@ def _drifted_as_outdated(observed: Observed, changed: dict[str, list[str]]) -> O
     return dataclasses.replace(observed, replicas=replicas)
 
 
-def _report_drift(
+async def _report_drift(
     ctx: OperatorContext,
     body: Mapping[str, Any],
     ref: ClusterRef,
@@ -351,7 +352,7 @@ def _report_drift(
     for the rollout's budget)."""
     for key, fields in changed.items():
         if state.drift_reported.get(key) != fields:
-            _post(ctx, body, ref, _drift_event(key, fields))
+            await _announce(ctx, body, ref, _drift_event(key, fields))
     state.drift_reported = dict(changed)
 
 
@@ -496,7 +497,7 @@ async def _apply_static(
         if found is None:
             if key in state.static_applied:
                 event = Event(
-                    EventType.WARNING, "ChildRestored", f"{key} was deleted; made it again"
+                    EventType.WARNING, "ChildRestored", f"{key} was deleted; making it again"
                 )
         elif _recorded_hash(found) != manifest_hash(manifest):
             pass  # the spec changed: a plain update
@@ -504,11 +505,11 @@ async def _apply_static(
             event = _drift_event(key, changed)
         else:
             continue
+        if event is not None:
+            await _announce(ctx, body, ref, event)
         if not await _apply(ctx, ref, manifest, refused):
             continue
         state.static_applied.add(key)
-        if event is not None:
-            _post(ctx, body, ref, event)
 
 
 def _recorded_hash(live: Manifest) -> str | None:
@@ -522,15 +523,18 @@ def _drift_event(key: str, changed: list[str]) -> Event:
     return Event(
         EventType.WARNING,
         "DriftReverted",
-        f"{key} was changed outside shoal ({fields}); restored what the spec says",
+        f"{key} was changed outside shoal ({fields}); restoring what the spec says",
     )
 
 
-def _post(ctx: OperatorContext, body: Mapping[str, Any], ref: ClusterRef, event: Event) -> None:
+async def _announce(
+    ctx: OperatorContext, body: Mapping[str, Any], ref: ClusterRef, event: Event
+) -> None:
+    """Log and post an Event, before the action it announces (see `events`)."""
     level = logging.WARNING if event.type is EventType.WARNING else logging.INFO
     logger = cluster_logger(ref.namespace, ref.name, replica=event.replica, pod=event.pod)
     logger.log(level, "%s: %s", event.reason, event.message)
-    ctx.post_event(body, event)
+    await ctx.record_event(body, event)
 
 
 async def _act(
@@ -545,6 +549,9 @@ async def _act(
     changed: dict[str, list[str]],
     refused: list[Refusal],
 ) -> None:
+    # Told before done: a pass killed after acting has posted its story already.
+    for event in decision.events:
+        await _announce(ctx, body, ref, event)
     if fleet is not None:
         await _apply_static(ctx, body, ref, state, fleet.before, live, refused)
     sets = {s.name for r in observed.replicas.values() for s in r.sets}
@@ -616,8 +623,6 @@ async def _act(
             pod.name,
             {"metadata": {"annotations": {ANNOTATION_GROUP: token}}},
         )
-    for event in decision.events:
-        _post(ctx, body, ref, event)
 
 
 async def _mark(
@@ -638,7 +643,7 @@ async def _mark(
     return True
 
 
-def _report_refusals(
+async def _report_refusals(
     ctx: OperatorContext, body: Mapping[str, Any], state: ClusterState, refused: tuple[Refusal, ...]
 ) -> None:
     """A Warning Event when child writes are refused (once per distinct refusal)."""
@@ -647,11 +652,11 @@ def _report_refusals(
     if event is not None and message != state.last_failure:
         meta = body["metadata"]
         cluster_logger(meta["namespace"], meta["name"]).warning("%s: %s", event.reason, message)
-        ctx.post_event(body, event)
+        await ctx.record_event(body, event)
     state.last_failure = message
 
 
-def _report_spec(
+async def _report_spec(
     ctx: OperatorContext, body: Mapping[str, Any], state: ClusterState, errors: list[SpecError]
 ) -> None:
     """An Event when the spec turns invalid (or its errors change)."""
@@ -660,7 +665,7 @@ def _report_spec(
         event = Event(EventType.WARNING, "InvalidSpec", f"{message}; nothing was changed")
         meta = body["metadata"]
         cluster_logger(meta["namespace"], meta["name"]).warning("InvalidSpec: %s", message)
-        ctx.post_event(body, event)
+        await ctx.record_event(body, event)
     state.last_error = message
 
 
