@@ -5,7 +5,7 @@ messages kept within the limit at both ends."""
 from __future__ import annotations
 
 from shoal.controller.decide import Event, EventType
-from shoal.controller.events import MAX_MESSAGE, event_manifest, shortened
+from shoal.controller.events import MAX_MESSAGE, children_made, event_manifest, shortened
 from shoal.controller.identity import ClusterRef
 
 REF = ClusterRef(name="fleet", namespace="apps", uid="1234")
@@ -40,3 +40,14 @@ def test_a_long_message_keeps_its_start_and_its_end() -> None:
     assert len(short) == MAX_MESSAGE
     assert short.startswith("start ") and short.endswith(" why it failed") and "..." in short
     assert shortened("short") == "short"
+
+
+def test_children_count_as_made_once_a_pass_wrote_status_without_refusals() -> None:
+    assert not children_made({})
+    made = {"observedGeneration": 3, "conditions": [{"type": "SpecValid", "reason": "Valid"}]}
+    assert children_made(made)
+    refused = {
+        "observedGeneration": 3,
+        "conditions": [{"type": "SpecValid", "status": "False", "reason": "ChildRefused"}],
+    }
+    assert not children_made(refused)

@@ -13,6 +13,9 @@ being done ("creating replica 1")."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from shoal.api import API_VERSION, KIND
 from shoal.controller.decide import Event
 from shoal.controller.identity import ClusterRef, Manifest
@@ -57,3 +60,14 @@ def event_manifest(ref: ClusterRef, event: Event, *, now: str, instance: str) ->
         "lastTimestamp": now,
         "count": 1,
     }
+
+
+def children_made(status: Mapping[str, Any]) -> bool:
+    """Whether an earlier pass, perhaps of an earlier operator process, made
+    the cluster's children: it wrote status and no child write was refused.
+    Then a child found missing was deleted, and its ChildRestored Event is
+    due even from a process that did not make it."""
+    if status.get("observedGeneration") is None:
+        return False
+    reasons = {condition.get("reason") for condition in status.get("conditions") or []}
+    return not reasons & {"ChildRefused", "ReconcileFailed"}

@@ -47,6 +47,7 @@ from shoal.controller.desired import (
 )
 from shoal.controller.downloads import PROGRESS_SECONDS, prepare_model
 from shoal.controller.engine import nodes_per_replica, served_model_name
+from shoal.controller.events import children_made
 from shoal.controller.healthloop import Target
 from shoal.controller.identity import ClusterRef, Manifest
 from shoal.controller.kube import ApiError
@@ -495,7 +496,8 @@ async def _apply_static(
         found = live.get(manifest["kind"], meta["name"])
         event = None
         if found is None:
-            if key in state.static_applied:
+            # Made by this process, or by one before it (its memory is gone).
+            if key in state.static_applied or children_made(body.get("status") or {}):
                 event = Event(
                     EventType.WARNING, "ChildRestored", f"{key} was deleted; making it again"
                 )
