@@ -500,6 +500,23 @@ class Proxy:
                 series.requests(status).inc()
                 verdict = None
                 raise ServerError(replica=replica, ticket=ticket, response=answer)
+            if stream and status == 200:
+                # An engine sends a stream's headers before its first token,
+                # and a hung one nothing after them: nothing reaches the
+                # client before the first body bytes, so until then a
+                # failure is retried elsewhere, and headers alone are no
+                # success.
+                try:
+                    async with asyncio.timeout_at(first_byte_by):
+                        await exchange.begun
+                except TimeoutError as error:
+                    verdict = Outcome.FAILED
+                    series.requests(504).inc()
+                    raise UpstreamFailed("first_byte_timeout") from error
+                except UpstreamError as error:
+                    verdict = Outcome.FAILED
+                    series.requests(502).inc()
+                    raise UpstreamFailed("broken_answer") from error
             # The engine answered (a 4xx is the request's): the verdict now,
             # so a half-open probe closes the breaker without waiting for the
             # end of its stream.

@@ -68,6 +68,8 @@ class Exchange(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self.head: asyncio.Future[tuple[int, list[tuple[bytes, bytes]]]] = loop.create_future()
         self.done: asyncio.Future[None] = loop.create_future()
+        # The answer's first body bytes came (or its end, for an empty body).
+        self.begun: asyncio.Future[None] = loop.create_future()
         self._headers: list[tuple[bytes, bytes]] = []
         self._held: list[bytes] = []
         self._sink: Sink | None = None
@@ -201,6 +203,8 @@ class Exchange(asyncio.Protocol):
         if self._on_first is not None:
             on_first, self._on_first = self._on_first, None
             on_first(self._status)
+        if not self.begun.done():
+            self.begun.set_result(None)
         sink = self._sink
         if sink is None:
             self._held.append(chunk)
@@ -218,12 +222,13 @@ class Exchange(asyncio.Protocol):
     # ----
     def _finish(self) -> None:
         self._complete = True
-        if not self.done.done():
-            self.done.set_result(None)
+        for future in (self.begun, self.done):
+            if not future.done():
+                future.set_result(None)
 
     def _fail(self, reason: str) -> None:
         error = UpstreamError(reason, answered=self._answered)
-        for future in (self.head, self.done):
+        for future in (self.head, self.begun, self.done):
             if not future.done():
                 future.set_exception(error)
                 # Nobody may be waiting any more (an aborted request).
