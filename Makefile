@@ -111,6 +111,14 @@ bench-router: install peers-venv
 	# same 256 streams with 8x fewer new requests a second.
 	$(BIN)/python -m shoal.bench.router_http --skip-throughput --chunks 128 --stream-seconds 12 --warmup 3
 
+# Router hardening targets (issue 17) on simulated engines, 3 repeats each:
+# one of three engines at 50% errors (client failures <= 0.5%), one stalling
+# every stream (no client waits past the stall deadline plus one retry).
+# Numbers in bench-results/faults.md. Not in make test.
+.PHONY: bench-faults
+bench-faults: install
+	$(BIN)/python -m shoal.bench.faults $(FAULTS_BENCH_ARGS)
+
 # Operator measurements (issue 6) on a running testbed (`make testbed-up`):
 # time from kubectl apply to all objects created, reconcile passes and writes
 # per change from the audit log, RSS with 50 VLLMClusters of 4 replicas.
