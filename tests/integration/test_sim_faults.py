@@ -163,3 +163,28 @@ def test_sigterm_stops_promptly_even_with_requests_hung(tmp_path: Path) -> None:
         process.proc.terminate()
         assert process.proc.wait(10) == 0
         assert time.monotonic() - started < 5
+
+
+def test_refusing_connections_for_a_while_spares_open_streams_and_lifts_itself(
+    tmp_path: Path,
+) -> None:
+    port = free_ports(1)[0]
+    with sim(tmp_path, "--sim-fault-api", port=port) as (process, url):
+        body = {**COMPLETION, "max_tokens": 400, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("data: ")
+            answer = httpx.post(f"{url}/_sim/fault", json={"refuse_seconds": 1.5})
+            assert answer.status_code == 200, answer.text
+            time.sleep(0.2)
+            assert refused(port)
+            assert process.proc.poll() is None
+            rest = list(lines)  # the open stream carries on to its end
+        assert "data: [DONE]" in rest
+        deadline = time.monotonic() + 10
+        while refused(port):
+            assert time.monotonic() < deadline, "still refusing past refuse_seconds"
+            time.sleep(0.05)
+        assert httpx.post(f"{url}/v1/completions", json=COMPLETION, timeout=10).status_code == 200
+        bad = httpx.post(f"{url}/_sim/fault", json={"refuse_seconds": -1})
+        assert bad.status_code == 400 and "refuse_seconds" in bad.text

@@ -21,7 +21,7 @@ from shoal.sim import responses as wire
 from shoal.sim.apis_app import SCALE_OUT_PATHS, OtherApis
 from shoal.sim.auth import OUTSIDE_CORS, key_check
 from shoal.sim.engine import Engine, EngineDeadError, RequestStream
-from shoal.sim.faults import FAULT_PATH
+from shoal.sim.faults import FAULT_PATH, refuse_seconds
 from shoal.sim.metrics import HTTP_EXCLUDED
 from shoal.sim.scheduler import Status
 
@@ -30,10 +30,17 @@ VERSION_BODY = {"version": "0.32.0"}
 
 
 class EngineApp:
-    def __init__(self, engine: Engine, *, on_crash: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        on_crash: Callable[[], None],
+        on_refuse: Callable[[float], None] | None = None,
+    ) -> None:
         self.engine = engine
         self.config = engine.config
         self.on_crash = on_crash
+        self.on_refuse = on_refuse
         self.view = api.ModelView(
             served_names=self.config.names,
             max_model_len=self.config.resolved_max_model_len,
@@ -199,7 +206,9 @@ class EngineApp:
             body = api.parse_body(await request.read())
             crash = bool(body.pop("crash", False))
             hang = body.pop("hang", None)
+            refuse = body.pop("refuse_seconds", None)
             try:
+                refuse_for = None if refuse is None else refuse_seconds(refuse)
                 self.engine.faults.update(body if hang is None else {**body, "hang": hang})
             except ValueError as e:
                 raise api.bad_request(str(e)) from None
@@ -207,6 +216,8 @@ class EngineApp:
                 self.engine.set_hang(bool(hang))
             if crash:
                 self.on_crash()
+            if refuse_for is not None and self.on_refuse is not None:
+                self.on_refuse(refuse_for)
         elif request.method != "GET":
             raise web.HTTPMethodNotAllowed(request.method, ["GET", "POST"])
         return json_response({**self.engine.faults.as_dict(), "dead": self.engine.dead})

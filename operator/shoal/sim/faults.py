@@ -2,6 +2,11 @@
 
 Set at start by `--sim-*` flags and, when `--sim-fault-api` is given, changed
 at run time by `POST /_sim/fault` with a JSON object of the fields below.
+Two keys of that body are actions rather than faults in force: `"crash":
+true`, and `"refuse_seconds": N`, which closes the engine's listening socket
+for N wall seconds (connections are refused, as by a process that is gone,
+while the streams already open carry on), then listens again on the same
+port: the fault API is unreachable meanwhile, so the fault lifts itself.
 """
 
 from __future__ import annotations
@@ -79,3 +84,10 @@ class Faults:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def refuse_seconds(value: Any) -> float:
+    """A /_sim/fault body's `refuse_seconds`, checked: ValueError if bad."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
+        raise ValueError("refuse_seconds must be a number of seconds above 0, at most 3600")
+    return float(value)

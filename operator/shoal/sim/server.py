@@ -47,18 +47,24 @@ class EngineServer:
     def __init__(self, config: EngineConfig, address: Address) -> None:
         self.config = config
         self.engine = Engine(config)
-        self.app = EngineApp(self.engine, on_crash=self.crash)
-        family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((address.host, address.port))
-        self._sock.setblocking(False)
+        self.app = EngineApp(self.engine, on_crash=self.crash, on_refuse=self.refuse)
         self.host = address.host
+        self._sock = self._bind(address.port)
         self.port: int = self._sock.getsockname()[1]
         self.ready = asyncio.Event()
         self.gone = asyncio.Event()
         self._runner: web.AppRunner | None = None
+        self._site: web.SockSite | None = None
+        self._refusing: asyncio.Task[None] | None = None
         self._timers: list[asyncio.TimerHandle] = []
+
+    def _bind(self, port: int) -> socket.socket:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, port))
+        sock.setblocking(False)
+        return sock
 
     @property
     def url(self) -> str:
@@ -78,7 +84,7 @@ class EngineServer:
             self.app.build(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0
         )
         await self._runner.setup()
-        await web.SockSite(self._runner, self._sock).start()
+        await self._listen()
         self.engine.start()
         loop = asyncio.get_running_loop()
         if self.config.hang_after is not None:
@@ -88,6 +94,29 @@ class EngineServer:
             self._timers.append(loop.call_later(self._real(self.config.crash_after), self.crash))
         self.ready.set()
         log.info("engine ready at %s (profile %s)", self.url, self.config.profile.name)
+
+    async def _listen(self) -> None:
+        assert self._runner is not None
+        self._site = web.SockSite(self._runner, self._sock)
+        await self._site.start()
+
+    def refuse(self, seconds: float) -> None:
+        """The "refuse_seconds" fault: stop listening (new connections are
+        refused; open ones carry on), then listen again on the same port."""
+        self._refusing = asyncio.get_running_loop().create_task(self._refuse(seconds))
+
+    async def _refuse(self, seconds: float) -> None:
+        site, self._site = self._site, None
+        if site is None:
+            return  # refusing already, or stopping
+        log.warning("engine at %s refuses connections for %g s (simulated)", self.url, seconds)
+        await site.stop()  # closes the listening socket
+        await asyncio.sleep(seconds)
+        if self._runner is None or self.gone.is_set():
+            return
+        self._sock = self._bind(self.port)
+        await self._listen()
+        log.info("engine at %s listens again", self.url)
 
     def crash(self) -> None:
         if self.engine.dead:
