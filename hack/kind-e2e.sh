@@ -30,8 +30,34 @@ helm install shoal charts/shoal --namespace shoal-system --create-namespace \
   --set image.repository="${image%:*}" --set image.tag="${image#*:}" --wait
 helm test shoal --namespace shoal-system
 
-# The stand-in engine image: the operator's engine pod spec (vllm serve ...) unchanged.
-sed "s|^  replicas: 4|  replicas: 2\n  image: $engine_image|" examples/llama-8b-single-gpu.yaml \
-  | kubectl apply -f -
-kubectl wait vllmcluster/llama-8b --for=condition=Ready --timeout=300s
+# The stand-in engine image: the operator's engine pod spec (vllm serve ...)
+# unchanged. A small fleet of its own (examples/ ask for real GPUs' memory, a
+# Hub token and a model download, which kind nodes lack).
+kubectl apply -f - <<FLEET
+apiVersion: serving.shoal.dev/v1alpha1
+kind: VLLMCluster
+metadata:
+  name: fleet
+spec:
+  model:
+    name: meta-llama/Llama-3.1-8B-Instruct
+  image: $engine_image
+  replicas: 2
+  parallelism:
+    tensor: 1
+  gpu:
+    product: NVIDIA-H100-80GB-HBM3
+  engine:
+    maxModelLen: 8192
+    extraArgs: [--sim-time-scale, "50"]
+FLEET
+kubectl wait vllmcluster/fleet --for=condition=Ready --timeout=300s
 kubectl get vllmclusters
+
+# A request through the router's Service, from a pod (kube-proxy, cluster DNS).
+kubectl run client --rm -i --restart=Never --image="$image" --command -- python3 -c '
+import httpx
+r = httpx.post("http://fleet-router:8000/v1/completions", timeout=30,
+               json={"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "hi", "max_tokens": 4})
+print(r.status_code, r.text[:200])
+assert r.status_code == 200'

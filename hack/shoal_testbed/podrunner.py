@@ -137,6 +137,8 @@ class PodRunner:
         self.pods: dict[str, Pod] = {}  # by UID, as last seen by the watch
         self.lock = threading.Lock()
         self.running: dict[str, Running] = {}  # by UID
+        # Pods that ran to completion: their logs stay until the pod goes.
+        self.completed: dict[str, Running] = {}  # by UID
         self.stop_event = threading.Event()
         self.synced = threading.Event()
 
@@ -191,9 +193,17 @@ class PodRunner:
     def supervise_once(self) -> None:
         with self.lock:
             wanted = {uid: pod for uid, pod in self.pods.items() if runnable(pod)}
+            present = {
+                uid
+                for uid, pod in self.pods.items()
+                if not pod["metadata"].get("deletionTimestamp")
+            }
         for uid in list(self.running):
             if uid not in wanted:
-                self._stop(uid, reason="pod terminating or gone")
+                self._stop(uid, reason="pod terminating or gone", keep_logs=uid in present)
+        for uid in list(self.completed):
+            if uid not in present:
+                self._forget_logs(self.completed.pop(uid))
         for uid, pod in wanted.items():
             entry = self.running.get(uid)
             if entry is None:
@@ -442,11 +452,15 @@ class PodRunner:
             " ".join(argv),
         )
 
-    def _stop(self, uid: str, *, reason: str) -> None:
+    def _stop(self, uid: str, *, reason: str, keep_logs: bool) -> None:
+        """Stop the pod's process; keep_logs: the pod is still there (it ran
+        to completion), so `kubectl logs` still shows its container's runs."""
         entry = self.running.pop(uid)
         shutil.rmtree(self._pod_root(entry.pod), ignore_errors=True)
-        self._unpublish_logs(entry)
-        shutil.rmtree(self._container_dir(entry).parent, ignore_errors=True)
+        if keep_logs and entry.state.finished:
+            self.completed[uid] = entry
+        else:
+            self._forget_logs(entry)
         if entry.process is not None and entry.process.poll() is None:
             log.info(
                 "%s (uid %s): stopping pid %d: %s",
@@ -463,6 +477,10 @@ class PodRunner:
                 process.wait()
 
             threading.Thread(target=reap, daemon=True).start()
+
+    def _forget_logs(self, entry: Running) -> None:
+        self._unpublish_logs(entry)
+        shutil.rmtree(self._container_dir(entry).parent, ignore_errors=True)
 
     def stop_all(self) -> None:
         self.stop_event.set()

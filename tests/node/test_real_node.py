@@ -1,36 +1,44 @@
 """The shoal image on a real kubelet and containerd (the testbed's real node):
 
 - `kubectl get nodes -o wide` shows the node on containerd, with 8 fake GPUs;
-- every `shoal` subcommand's --help runs in the image, non-root, on a
-  read-only root filesystem, and `kubectl logs` shows it;
+- every `shoal` subcommand's --help runs in the image, as user and group
+  10001 (not root's group), on a read-only root filesystem;
 - `helm install` with the local image runs the operator as a container under
-  the chart's ServiceAccount and securityContext, and `helm test` passes;
+  the chart's ServiceAccount and securityContext (it logs in from there), and
+  `helm test` passes; its metrics are scraped through its Service;
 - a VLLMCluster with the shoal-engine-sim image reaches READY there, the real
   kubelet holding each engine pod's readiness gate until warm-up admits it;
   requests reach it through the router's ClusterIP Service (kube-proxy), from
-  a client pod and from the host; `kubectl exec` works in its pods;
+  a client pod and from the host;
+- a rotated API-key Secret reaches the running routers through kubelet's
+  volume update: the old key is refused, the new one accepted, no restart;
+- `kubectl logs` and `kubectl exec` work on shoal's pods there;
 - a failing liveness probe makes kubelet restart the container;
 - an engine that hangs is taken out and its container or pod replaced.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import datetime
 import json
 import subprocess
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
-from shoal.controller.names import CONDITION_WARMED, router_name
-from shoal_testbed import nodehost, realnode
+from shoal.controller.names import CONDITION_WARMED, router_name, router_selector, selector_text
+from shoal_testbed import nodehost, prometheus, realnode
 from shoal_testbed.cluster import REPO, Testbed, bin_dir
 from tests.e2e.kube import apply, get_json, wait_for
-from tests.e2e.operator_env import children, cluster_manifest, leader_pods
+from tests.e2e.operator_env import cluster_manifest, leader_pods
 
 pytestmark = pytest.mark.e2e
 
@@ -41,6 +49,10 @@ ON_REAL_NODE = {
     "tolerations": [realnode.REAL_NODE_TOLERATION],
 }
 SUBCOMMANDS = ("operator", "router", "sim", "warmup", "probe", "plan", "crd", "bench", "check")
+# The image's user and group (Dockerfile), which the chart does not override.
+IMAGE_UID = IMAGE_GID = 10001
+MODEL = "m"
+KEYS_SECRET, KEYS_KEY = "fleet-api-keys", "keys"
 
 
 def helm(bed: Testbed, *args: str, timeout: float = 280) -> str:
@@ -110,7 +122,10 @@ def shoal_release(node_testbed: Testbed, apps: str) -> Iterator[str]:
     values = {
         "image": {"repository": IMAGE.rsplit(":", 1)[0], "tag": "dev", "pullPolicy": "Never"},
         "operator": {**ON_REAL_NODE, "watchNamespaces": [apps]},
+        # The operator's metrics Service comes with the ServiceMonitor.
+        "monitoring": {"serviceMonitor": {"enabled": True}},
     }
+    prometheus.install_crds([str(bin_dir() / "kubectl"), f"--kubeconfig={node_testbed.kubeconfig}"])
     values_file = node_testbed.dir / f"values-{system}.yaml"
     values_file.write_text(yaml.safe_dump(values))
     helm(
@@ -142,19 +157,14 @@ def test_kubectl_get_nodes_shows_the_real_node_on_containerd_with_eight_gpus(
 def test_every_subcommand_help_runs_in_the_image_as_non_root_on_a_read_only_root(
     node_testbed: Testbed, apps: str
 ) -> None:
-    script = "id -u; touch /opt/shoal/x 2>/dev/null && echo WRITABLE; shoal --help >/dev/null"
-    script += "".join(f" && shoal {c} --help >/dev/null && echo ok-{c}" for c in SUBCOMMANDS)
-    apply(node_testbed, apps, pod_on_real_node("help", command=["sh", "-c", script]))
-    wait_for(
-        lambda: phase(node_testbed, apps, "help") in ("Succeeded", "Failed"),
-        what="the help pod to finish",
-        timeout=240,
+    script = (
+        "id -u; id -g; touch /opt/shoal/x 2>/dev/null && echo WRITABLE; shoal --help >/dev/null"
     )
-    logs = node_testbed.kubectl("logs", "help", "-n", apps)
-    assert phase(node_testbed, apps, "help") == "Succeeded", logs
-    lines = logs.split()
-    assert lines[0] == "10001" and "WRITABLE" not in lines, logs
-    assert [f"ok-{c}" for c in SUBCOMMANDS] == lines[1:], logs
+    script += "".join(f" && shoal {c} --help >/dev/null && echo ok-{c}" for c in SUBCOMMANDS)
+    help_pod = pod_on_real_node("help", command=["sh", "-c", script])
+    lines = _run_to_end(node_testbed, apps, help_pod, timeout=240).split()
+    assert lines[:2] == [str(IMAGE_UID), str(IMAGE_GID)] and "WRITABLE" not in lines, lines
+    assert [f"ok-{c}" for c in SUBCOMMANDS] == lines[2:], lines
 
 
 def test_helm_install_runs_the_operator_as_a_container_and_helm_test_passes(
@@ -173,18 +183,6 @@ def test_helm_install_runs_the_operator_as_a_container_and_helm_test_passes(
     helm(node_testbed, "test", "shoal", "--namespace", shoal_release, "--timeout", "240s")
 
 
-# Found by this tier, not yet fixed (operator code): in its own container the
-# operator cannot log in. kopf.login_via_client (controller/handlers.py) needs
-# the `kubernetes` package, which the image does not install (LoginError, the
-# container restarts); kopf's own login_with_service_account would then need
-# cluster DNS for kubernetes.default.svc, which the testbed lacks (in-cluster
-# clients should use KUBERNETES_SERVICE_HOST, as client-go does). Until then no
-# VLLMCluster reconciles under the chart's operator; strict: a fix shows here.
-IN_CLUSTER_LOGIN = pytest.mark.xfail(
-    strict=True, reason="the operator cannot log in from its own container (see above)"
-)
-
-
 def _condition_time(pod: dict[str, Any], kind: str) -> datetime.datetime | None:
     for cond in pod["status"].get("conditions", []):
         if cond["type"] == kind and cond["status"] == "True":
@@ -198,35 +196,113 @@ def _ready_cluster(bed: Testbed, ns: str, name: str) -> bool:
     return conditions.get("Ready") == "True"
 
 
-def _complete_script(url: str) -> str:
-    body = json.dumps({"model": "m", "prompt": "hello from a pod", "max_tokens": 4})
-    return (
-        "import httpx; r = httpx.post("
-        f"{url + '/v1/completions'!r}, content={body!r}, "
-        "headers={'content-type': 'application/json'}, timeout=30); "
-        "print(r.status_code, r.json()['choices'][0]['text'] != '')"
+def on_real_node(name: str, *, router: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A one-replica VLLMCluster whose engine and routers run on the real node."""
+    manifest = cluster_manifest(
+        name,
+        replicas=1,
+        tensor=1,
+        model=MODEL,
+        image=ENGINE_IMAGE,
+        placement=dict(ON_REAL_NODE),
+        router={"pod": dict(ON_REAL_NODE), **(router or {})},
+    )
+    # The stand-in engine needs little; the defaults (for an H100's vLLM: 4 CPUs
+    # and 28Gi) exceed the node, which has the machine's 2 CPUs.
+    manifest["spec"]["engine"]["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+    return manifest
+
+
+def api_keys_secret(*keys: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": KEYS_SECRET},
+        "stringData": {KEYS_KEY: "".join(f"{key}\n" for key in keys)},
+    }
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """A Ready VLLMCluster on the real node, behind its router's ClusterIP."""
+
+    bed: Testbed
+    ns: str
+    name: str
+    cluster_ip: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.cluster_ip}:{self.port}"
+
+    def key(self) -> str:
+        """The key the API-key Secret holds now (a test may rotate it)."""
+        secret = get_json(self.bed, "secret", KEYS_SECRET, "-n", self.ns)
+        return base64.b64decode(secret["data"][KEYS_KEY]).decode().split()[0]
+
+    def routers(self) -> list[dict[str, Any]]:
+        selector = selector_text(router_selector(self.name))
+        items: list[dict[str, Any]] = get_json(self.bed, "pods", "-n", self.ns, "-l", selector)[
+            "items"
+        ]
+        return items
+
+    @contextlib.contextmanager
+    def from_host(self) -> Iterator[httpx.Client]:
+        """A client on the host that reaches the ClusterIP through kube-proxy."""
+        assert self.bed.state is not None
+        with (
+            nodehost.route_to_service(self.bed.state.node_layout(), self.cluster_ip),
+            httpx.Client(base_url=self.url, timeout=30) as client,
+        ):
+            yield client
+
+
+def complete(client: httpx.Client, prompt: str, *, key: str) -> httpx.Response:
+    return client.post(
+        "/v1/completions",
+        json={"model": MODEL, "prompt": prompt, "max_tokens": 4},
+        headers={"Authorization": f"Bearer {key}"},
     )
 
 
-@IN_CLUSTER_LOGIN
-def test_a_vllmcluster_on_the_real_node_is_ready_and_serves_through_its_service(
-    node_testbed: Testbed, apps: str, shoal_release: str
-) -> None:
-    manifest = cluster_manifest(
-        "fleet",
-        replicas=1,
-        tensor=1,
-        image=ENGINE_IMAGE,
-        placement={"nodeSelector": ON_REAL_NODE["nodeSelector"],
-                   "tolerations": ON_REAL_NODE["tolerations"]},
-        router={"pod": {"nodeSelector": ON_REAL_NODE["nodeSelector"],
-                        "tolerations": ON_REAL_NODE["tolerations"]}},
-    )  # fmt: skip
-    manifest["spec"]["model"]["name"] = "m"
-    apply(node_testbed, apps, manifest)
-    wait_for(lambda: _ready_cluster(node_testbed, apps, "fleet"), what="fleet Ready", timeout=240)
+@pytest.fixture(scope="module")
+def fleet(node_testbed: Testbed, apps: str, shoal_release: str) -> Fleet:
+    """One VLLMCluster for the tests that only read it (and the key rotation,
+    which leaves it serving), its routers requiring an API key."""
+    name = "fleet"
+    router = {"apiKeySecret": {"name": KEYS_SECRET, "key": KEYS_KEY}}
+    apply(node_testbed, apps, api_keys_secret("key-first"), on_real_node(name, router=router))
+    wait_for(lambda: _ready_cluster(node_testbed, apps, name), what=f"{name} Ready", timeout=240)
+    service = get_json(node_testbed, "service", router_name(name), "-n", apps)
+    return Fleet(
+        bed=node_testbed,
+        ns=apps,
+        name=name,
+        cluster_ip=service["spec"]["clusterIP"],
+        port=service["spec"]["ports"][0]["port"],
+    )
 
-    (leader,) = leader_pods(node_testbed, apps, "fleet")
+
+def _run_to_end(bed: Testbed, ns: str, pod: dict[str, Any], *, timeout: float = 180) -> str:
+    """Run a pod on the real node to its end; its log (kubectl logs)."""
+    name = pod["metadata"]["name"]
+    apply(bed, ns, pod)
+    wait_for(
+        lambda: phase(bed, ns, name) in ("Succeeded", "Failed"),
+        what=f"pod {name} to finish",
+        timeout=timeout,
+    )
+    logs = bed.kubectl("logs", name, "-n", ns)
+    assert phase(bed, ns, name) == "Succeeded", logs
+    return logs
+
+
+def test_a_vllmcluster_on_the_real_node_is_ready_once_warm_up_lets_kubelet_pass_the_gate(
+    fleet: Fleet,
+) -> None:
+    (leader,) = leader_pods(fleet.bed, fleet.ns, fleet.name)
     assert leader["spec"]["nodeName"] == realnode.NODE_NAME
     assert leader["status"]["containerStatuses"][0]["containerID"].startswith("containerd://")
     # The real kubelet turned the pod Ready only once shoal set the gate.
@@ -235,33 +311,82 @@ def test_a_vllmcluster_on_the_real_node_is_ready_and_serves_through_its_service(
     assert warmed is not None and ready is not None and containers is not None, leader["status"]
     assert ready >= warmed >= containers, leader["status"]["conditions"]
 
-    service = get_json(node_testbed, "service", router_name("fleet"), "-n", apps)
-    port = service["spec"]["ports"][0]["port"]
-    url = f"http://{service['spec']['clusterIP']}:{port}"
-    client = pod_on_real_node("client", command=["python3", "-c", _complete_script(url)])
-    apply(node_testbed, apps, client)
-    wait_for(
-        lambda: phase(node_testbed, apps, "client") in ("Succeeded", "Failed"),
-        what="the client pod's request",
-        timeout=120,
-    )
-    assert node_testbed.kubectl("logs", "client", "-n", apps).split() == ["200", "True"]
 
-    assert node_testbed.state is not None
-    with nodehost.route_to_service(node_testbed.state.node_layout(), service["spec"]["clusterIP"]):
-        reply = httpx.post(
-            f"{url}/v1/completions",
-            json={"model": "m", "prompt": "hello from the host", "max_tokens": 4},
-            timeout=30,
-        )
+def test_requests_reach_the_fleet_through_its_clusterip_service_from_a_pod_and_the_host(
+    fleet: Fleet,
+) -> None:
+    body = json.dumps({"model": MODEL, "prompt": "hello from a pod", "max_tokens": 4})
+    script = (
+        f"import httpx; r = httpx.post({fleet.url + '/v1/completions'!r}, content={body!r}, "
+        f"headers={{'content-type': 'application/json', "
+        f"'authorization': 'Bearer {fleet.key()}'}}, timeout=30); "
+        "print(r.status_code, r.json()['choices'][0]['text'] != '')"
+    )
+    client = pod_on_real_node("client", command=["python3", "-c", script])
+    assert _run_to_end(fleet.bed, fleet.ns, client, timeout=120).split() == ["200", "True"]
+
+    with fleet.from_host() as host:
+        reply = complete(host, "hello from the host", key=fleet.key())
     assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["text"], reply.text
 
-    (router,) = [p for p in children(node_testbed, apps, "fleet", "pods") if "router" in str(
-        p["metadata"].get("labels", {}))]  # fmt: skip
-    version = node_testbed.kubectl(
-        "exec", "-n", apps, router["metadata"]["name"], "--", "shoal", "--version"
-    )
-    assert version.strip(), version
+
+def test_a_rotated_api_key_secret_reaches_the_running_routers_without_a_restart(
+    fleet: Fleet,
+) -> None:
+    before = {p["metadata"]["uid"] for p in fleet.routers()}
+    old, new = fleet.key(), f"key-{uuid.uuid4().hex[:8]}"
+    with fleet.from_host() as host:
+        assert complete(host, "old key", key=old).status_code == 200
+        assert complete(host, "new key too soon", key=new).status_code == 401
+        apply(fleet.bed, fleet.ns, api_keys_secret(new))
+        # kubelet rewrites the mounted Secret (syncFrequency 10 s here); the
+        # routers re-read it (apiKeyReloadSeconds, 10 s). Every router behind
+        # the Service: a few answers in a row, spread by kube-proxy.
+        wait_for(
+            lambda: all(complete(host, "new key", key=new).status_code == 200 for _ in range(4)),
+            what="the new key accepted by the routers",
+            timeout=150,
+        )
+        refused = [complete(host, "old key", key=old).status_code for _ in range(4)]
+    assert refused == [401] * 4
+    after = fleet.routers()
+    assert {p["metadata"]["uid"] for p in after} == before
+    assert all(c["restartCount"] == 0 for p in after for c in p["status"]["containerStatuses"])
+
+
+def test_kubectl_logs_and_exec_work_on_shoal_pods_on_the_real_node(fleet: Fleet) -> None:
+    (leader,) = leader_pods(fleet.bed, fleet.ns, fleet.name)
+    router = fleet.routers()[0]
+    assert router["spec"]["nodeName"] == realnode.NODE_NAME
+    for pod in (leader, router):
+        name = pod["metadata"]["name"]
+        identity = fleet.bed.kubectl("exec", "-n", fleet.ns, name, "--", "id")
+        assert identity.startswith(f"uid={IMAGE_UID}(shoal) gid={IMAGE_GID}(shoal)"), identity
+        assert fleet.bed.kubectl("exec", "-n", fleet.ns, name, "--", "shoal", "--version").strip()
+    # Each container's own log, from kubelet through the API server.
+    engine_log = fleet.bed.kubectl("logs", "-n", fleet.ns, leader["metadata"]["name"])
+    assert "engine ready at" in engine_log, engine_log[-2000:]
+    router_log = fleet.bed.kubectl("logs", "-n", fleet.ns, router["metadata"]["name"])
+    assert "router listening on" in router_log, router_log[-2000:]
+
+
+def test_the_operators_metrics_are_scraped_through_its_service(
+    fleet: Fleet, shoal_release: str
+) -> None:
+    service = get_json(fleet.bed, "service", "shoal-metrics", "-n", shoal_release)
+    cluster_ip, port = service["spec"]["clusterIP"], service["spec"]["ports"][0]["port"]
+    assert fleet.bed.state is not None
+    with nodehost.route_to_service(fleet.bed.state.node_layout(), cluster_ip):
+        metrics = httpx.get(f"http://{cluster_ip}:{port}/metrics", timeout=10).text
+    passes = [
+        sample
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "shoal_operator_reconcile_passes_total"
+        and sample.labels == {"namespace": fleet.ns, "vllmcluster": fleet.name, "result": "ok"}
+    ]
+    assert passes and passes[0].value >= 1, metrics
 
 
 def test_a_failing_liveness_probe_makes_kubelet_restart_the_container(
@@ -289,22 +414,11 @@ def test_a_failing_liveness_probe_makes_kubelet_restart_the_container(
     assert "Unhealthy" in events and "Liveness probe failed" in events, events
 
 
-@IN_CLUSTER_LOGIN
 def test_an_engine_that_hangs_is_restarted_on_the_real_node(
     node_testbed: Testbed, apps: str, shoal_release: str
 ) -> None:
     # Hangs 40 s (2000 simulated seconds at 50x) after it starts: warm, then stuck.
-    manifest = cluster_manifest(
-        "hung",
-        replicas=1,
-        tensor=1,
-        image=ENGINE_IMAGE,
-        placement={"nodeSelector": ON_REAL_NODE["nodeSelector"],
-                   "tolerations": ON_REAL_NODE["tolerations"]},
-        router={"pod": {"nodeSelector": ON_REAL_NODE["nodeSelector"],
-                        "tolerations": ON_REAL_NODE["tolerations"]}},
-    )  # fmt: skip
-    manifest["spec"]["model"]["name"] = "m"
+    manifest = on_real_node("hung")
     manifest["spec"]["engine"]["extraArgs"] += ["--sim-hang-after", "2000"]
     apply(node_testbed, apps, manifest)
     (first,) = wait_for(

@@ -30,6 +30,9 @@ log = logging.getLogger("shoal.download")
 # A progress line at most this often (the Job's log is how a human follows it).
 PROGRESS_SECONDS = 10.0
 GiB = 1 << 30
+# A rate (and so a time left) only after this long: the first instants (a few
+# small files, a connection being set up) say nothing about the rest.
+RATE_AFTER_SECONDS = 2.0
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -92,7 +95,7 @@ class Meter:
             self._progress = Progress(
                 bytes=current.bytes + size,
                 total_bytes=current.total_bytes,
-                bytes_per_second=self._fetched / elapsed if elapsed > 0 else 0.0,
+                bytes_per_second=self._fetched / elapsed if elapsed >= RATE_AFTER_SECONDS else 0.0,
                 files=current.files + int(file_done),
                 total_files=current.total_files,
             )

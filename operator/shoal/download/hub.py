@@ -22,7 +22,6 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_EXCLUDE = ("original/*",)
 # Written last: a directory holding it is complete (its text: the commit).
 COMPLETE_MARKER = ".shoal-complete"
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -130,7 +129,8 @@ class Hub:
             if response.status_code != 200:
                 raise HubError(explain(response.status_code, repo=repo, revision=commit))
             with partial.open("wb") as out:
-                for chunk in response.iter_bytes(_CHUNK):
+                # As the bytes arrive (no re-chunking): the progress follows them.
+                for chunk in response.iter_bytes():
                     out.write(chunk)
                     progress(len(chunk))
         partial.replace(target)
