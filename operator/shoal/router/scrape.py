@@ -3,8 +3,9 @@ under a deadline. The request path never scrapes; it reads the latest
 values. A scrape that fails or is not a whole vLLM exposition
 (`shoal.engine.metrics.parse`) makes the replica's load unknown (routable,
 counted busy: see `fleet`), counts in `shoal_router_scrape_failures_total`,
-and logs one WARNING per episode (and an INFO line when it ends). The fetch
-stays on aiohttp, the router's own stack.
+and logs one WARNING per episode of trouble, slow or failing (and an INFO
+line when an answer on time ends it). The fetch stays on aiohttp, the
+router's own stack.
 
 Scrapes are the engines' work too (vLLM renders its exposition on its API
 server's event loop), so they must not pile up on an engine that is slow:
@@ -73,8 +74,9 @@ class _Target:
     task: asyncio.Task[None] | None = None  # the scrape out now
     due: float = 0.0  # when it may be scraped next
     late: bool = False  # the scrape out now missed its deadline
-    slow: bool = False  # a slow episode: scrapes miss the deadline
-    failing: bool = False  # a failing episode: scrapes fail
+    # An episode of trouble (one WARNING) lasts until an answer on time:
+    slow: bool = False  # scrapes miss the deadline
+    failing: bool = False  # the latest scrape failed
 
 
 class Scraper:
@@ -182,7 +184,7 @@ class Scraper:
         if signals is None:
             if not target.late:  # a late one was counted at its deadline
                 self.metrics.scrape_failures.labels(name).inc()
-            if not target.failing:
+            if not target.failing and not target.slow:  # one warning per episode
                 log.warning(
                     "metrics of %s unreadable (%s): its load counts as unknown (busy)",
                     name,
@@ -190,12 +192,10 @@ class Scraper:
                 )
             target.failing = True
         else:
-            if target.failing:
-                log.info("metrics of %s readable again", name)
-            elif target.slow and not target.late:
-                log.info("metrics of %s on time again", name)
+            if not target.late and (target.failing or target.slow):
+                log.info("metrics of %s readable on time again", name)
+            target.slow = target.late  # only an answer on time ends an episode
             target.failing = False
-            target.slow = target.late
         self.fleet.record_scrape(replica.id, signals, ended)
 
     async def _fetch(self, replica: Replica) -> tuple[MetricsSnapshot | None, str]:
