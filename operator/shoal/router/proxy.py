@@ -655,12 +655,17 @@ class Proxy:
         # client in the same callback (no task switch per chunk); this task
         # only waits for the end.
         chunked = response.headers.get("Transfer-Encoding") == "chunked"
+        stall = self.config.timeouts.stall_seconds
+        if held:
+            # The first chunk came already (it was awaited before the
+            # headers went out): the next one is due within the stall deadline.
+            first_chunk_by = asyncio.get_running_loop().time() + stall
         relay = ChunkRelay(
             request.transport,
             exchange,
             writer,
             chunked=chunked,
-            stall_seconds=self.config.timeouts.stall_seconds,
+            stall_seconds=stall,
             first_chunk_by=first_chunk_by,
             deadline=deadline,
         )
