@@ -94,15 +94,13 @@ def test_upstream_ttft_is_measured_at_a_streams_first_token(tmp_path: Path) -> N
                 if first_at is None:
                     first_at = time.monotonic() - sent
         assert answer.status_code == 200 and first_at is not None
-        # The setup is what the test needs: the first token well after the headers.
-        assert first_at - headers_at > 0.3, (headers_at, first_at)
+        # The setup is what the test needs: the first token long after the
+        # engine's headers, which it sends at once (the router holds them
+        # until the first token, so the client gets both together).
+        assert first_at > 0.3, (headers_at, first_at)
         ttft, count = _histogram(front, "shoal_router_upstream_ttft_seconds")
         assert count == 1
-        assert headers_at + 0.5 * (first_at - headers_at) < ttft <= first_at, (
-            headers_at,
-            ttft,
-            first_at,
-        )
+        assert 0.5 * first_at < ttft <= first_at, (headers_at, ttft, first_at)
         # A plain answer comes whole: no time to its first token is claimed.
         httpx.post(front + "/v1/completions", json={**body, "stream": False}, timeout=60)
         assert _histogram(front, "shoal_router_upstream_ttft_seconds")[1] == 1
