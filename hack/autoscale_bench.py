@@ -36,7 +36,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from typing import Any
 import httpx
 import yaml
 
+from fleet_bench import FleetBench
 from shoal.bench.autoscale import (
     Phase,
     PhaseName,
@@ -58,7 +58,7 @@ from shoal.bench.autoscale import (
     timeline,
 )
 from shoal.bench.autoscale_plot import plot_day
-from shoal.procs import LocalProcess, ready_router, start_operator, wait_until
+from shoal.procs import ready_router, wait_until
 from shoal_testbed.cluster import DEFAULT_DIR, REPO, Testbed
 from warmup_bench import MODEL, Sample, system_prompt
 
@@ -142,41 +142,14 @@ class DayLoad:
         self._thread.join(timeout=timeout)
 
 
-class Bench:
+class Bench(FleetBench):
     def __init__(self, bed: Testbed, work: Path) -> None:
-        self.bed, self.work = bed, work
-        self.operator: LocalProcess | None = None
+        super().__init__(bed, work, ns_prefix=NS_PREFIX)
         assert bed.state is not None
         self.server = bed.state.server
         tls = ssl.create_default_context(cafile=str(bed.pki / "ca.crt"))
         tls.load_cert_chain(str(bed.pki / "admin.crt"), str(bed.pki / "admin.key"))
         self.api = httpx.Client(verify=tls, timeout=5)
-
-    def kubectl(self, *args: str, input_text: str | None = None, check: bool = True) -> str:
-        return self.bed.kubectl(*args, input_text=input_text, check=check)
-
-    def start_operator(self) -> None:
-        crd = REPO / "charts/shoal/crds/vllmclusters.serving.shoal.dev.yaml"
-        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-        self.kubectl("wait", "--for=condition=Established", "crd/vllmclusters.serving.shoal.dev")
-        self.operator = start_operator(
-            kubeconfig=self.bed.kubeconfig,
-            namespaces=[f"{NS_PREFIX}-*"],
-            log=self.work / "operator.log",
-        )
-
-    def namespace(self, mode: str) -> str:
-        name = f"{NS_PREFIX}-{mode}-{uuid.uuid4().hex[:6]}"
-        self.kubectl("create", "namespace", name)
-        wait_until(
-            lambda: self.kubectl("get", "sa", "default", "-n", name, check=False),
-            what=f"the default ServiceAccount in {name}",
-        )
-        return name
-
-    def delete(self, ns: str) -> None:
-        self.kubectl("delete", "vllmclusters", "--all", "-n", ns, "--timeout=90s", check=False)
-        self.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
     def pods(self, ns: str, selector: str = "") -> list[dict[str, Any]]:
         answer = self.api.get(

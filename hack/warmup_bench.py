@@ -36,7 +36,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,11 +43,12 @@ from typing import Any
 import httpx
 import yaml
 
+from fleet_bench import FleetBench
 from shoal.bench.stats import percentile
 from shoal.engine.errors import BadMetrics
 from shoal.engine.metrics import parse
-from shoal.procs import LocalProcess, ready_router, start_operator, wait_until
-from shoal_testbed.cluster import DEFAULT_DIR, REPO, Testbed
+from shoal.procs import ready_router, wait_until
+from shoal_testbed.cluster import DEFAULT_DIR, Testbed
 
 MODEL = "meta-llama/Meta-Llama-3-8B-Instruct"
 NS_PREFIX = "shoal-wb"
@@ -162,44 +162,9 @@ def read_counters(client: httpx.Client, ip: str) -> Counters | None:
 # ---- the testbed
 
 
-class Bench:
+class Bench(FleetBench):
     def __init__(self, bed: Testbed, work: Path) -> None:
-        self.bed, self.work = bed, work
-        self.operator: LocalProcess | None = None
-
-    def kubectl(self, *args: str, input_text: str | None = None, check: bool = True) -> str:
-        return self.bed.kubectl(*args, input_text=input_text, check=check)
-
-    def get(self, *args: str) -> Any:
-        return json.loads(self.kubectl("get", *args, "-o", "json"))
-
-    def start_operator(self) -> None:
-        crd = REPO / "charts/shoal/crds/vllmclusters.serving.shoal.dev.yaml"
-        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-        self.kubectl("wait", "--for=condition=Established", "crd/vllmclusters.serving.shoal.dev")
-        self.operator = start_operator(
-            kubeconfig=self.bed.kubeconfig,
-            namespaces=[f"{NS_PREFIX}-*"],
-            log=self.work / "operator.log",
-        )
-
-    def stop_operator(self) -> None:
-        if self.operator is not None:
-            self.operator.stop()
-
-    def namespace(self, mode: str) -> str:
-        name = f"{NS_PREFIX}-{mode}-{uuid.uuid4().hex[:6]}"
-        self.kubectl("create", "namespace", name)
-        wait_until(
-            lambda: self.kubectl("get", "sa", "default", "-n", name, check=False),
-            what=f"the default ServiceAccount in {name}",
-        )
-        return name
-
-    def delete(self, ns: str) -> None:
-        """The cluster while the operator runs (its finalizer), then the namespace."""
-        self.kubectl("delete", "vllmclusters", "--all", "-n", ns, "--timeout=60s", check=False)
-        self.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        super().__init__(bed, work, ns_prefix=NS_PREFIX)
 
     def pods(self, ns: str) -> dict[str, dict[str, Any]]:
         items = self.get("pods", "-n", ns)["items"]
