@@ -18,20 +18,15 @@ Streamed answers are kept as the bytes came.
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from shoal.procs import HOST, free_port, start, wait_http
+from tiny_server import REPO, tiny_vllm
 
-REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.api_exchanges import send_all  # noqa: E402
-from tests.integration.sim_proc import SERVE_ARGS  # noqa: E402
+from tests.api_exchanges import send_all
 
 
 def record(base: str, out: Path) -> None:
@@ -46,33 +41,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        model = Path(tmp) / "tiny"
-        subprocess.run(
-            [args.vllm_python, str(REPO / "hack" / "vllm" / "make_tiny_model.py"), str(model)],
-            check=True,
-            capture_output=True,
-        )
-        port = free_port()
-        env = {
-            **os.environ,
-            "HF_HUB_OFFLINE": "1",
-            "VLLM_NO_USAGE_STATS": "1",
-            "VLLM_ENABLE_RESPONSES_API_STORE": "1",
-        }
-        cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
-        cmd += ["--host", HOST, "--port", str(port), *SERVE_ARGS]
-        log = Path(tmp) / "vllm.log"
-        with start(cmd, log=log, name="vllm", env=env, new_session=True, grace=30.0) as server:
-            wait_http(f"http://{HOST}:{port}/health", timeout=300, process=server)
-            record(f"http://{HOST}:{port}", args.out)
-            routes = [
-                m.group(1)
-                for line in log.read_text(errors="replace").splitlines()
-                if (m := re.search(r"Route: (.*)$", line))
-            ]
-            (args.out / "routes.txt").write_text("\n".join(routes) + "\n")
-            print(f"{len(routes)} routes")
+    store = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+    with tiny_vllm(args.vllm_python, env=store) as (base, log):
+        record(base, args.out)
+        routes = [
+            m.group(1)
+            for line in log.read_text(errors="replace").splitlines()
+            if (m := re.search(r"Route: (.*)$", line))
+        ]
+        (args.out / "routes.txt").write_text("\n".join(routes) + "\n")
+        print(f"{len(routes)} routes")
 
 
 if __name__ == "__main__":

@@ -17,19 +17,14 @@ body), the headers without the `date` line.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from shoal.procs import HOST, free_port, start, wait_http
+from tiny_server import REPO, tiny_vllm
 
-REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.auth_exchanges import KEY, refusal, statuses  # noqa: E402
-from tests.integration.sim_proc import SERVE_ARGS  # noqa: E402
+from tests.auth_exchanges import KEY, refusal, statuses
 
 
 def main() -> None:
@@ -38,30 +33,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        model = Path(tmp) / "tiny"
-        subprocess.run(
-            [args.vllm_python, str(REPO / "hack" / "vllm" / "make_tiny_model.py"), str(model)],
-            check=True,
-            capture_output=True,
+    with tiny_vllm(args.vllm_python, env={"VLLM_API_KEY": KEY}) as (base, _log):
+        lines = statuses(base)
+        (args.out / "auth.txt").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        refused = refusal(base)
+        head = [f"HTTP/1.1 {refused.status_code} {refused.reason_phrase}"]
+        head += [f"{k}: {v}" for k, v in refused.headers.items() if k != "date"]
+        (args.out / "auth.unauthorized.txt").write_text(
+            "\n".join(head) + "\n\n" + refused.text + "\n"
         )
-        port = free_port()
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_API_KEY": KEY}
-        cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
-        cmd += ["--host", HOST, "--port", str(port), *SERVE_ARGS]
-        log = Path(tmp) / "vllm.log"
-        base = f"http://{HOST}:{port}"
-        with start(cmd, log=log, name="vllm", env=env, new_session=True, grace=30.0) as server:
-            wait_http(f"{base}/health", timeout=600, process=server)
-            lines = statuses(base)
-            (args.out / "auth.txt").write_text("\n".join(lines) + "\n")
-            print("\n".join(lines))
-            refused = refusal(base)
-            head = [f"HTTP/1.1 {refused.status_code} {refused.reason_phrase}"]
-            head += [f"{k}: {v}" for k, v in refused.headers.items() if k != "date"]
-            (args.out / "auth.unauthorized.txt").write_text(
-                "\n".join(head) + "\n\n" + refused.text + "\n"
-            )
 
 
 if __name__ == "__main__":
