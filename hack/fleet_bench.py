@@ -30,7 +30,7 @@ class FleetBench:
 
     def start_operator(self) -> None:
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-        self.kubectl("wait", "--for=condition=Established", "crd/vllmclusters.serving.shoal.dev")
+        self.bed.wait_crd_established("vllmclusters.serving.shoal.dev")
         self.operator = start_operator(
             kubeconfig=self.bed.kubeconfig,
             namespaces=[f"{self.ns_prefix}-*"],

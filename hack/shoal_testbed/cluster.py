@@ -369,14 +369,8 @@ class Testbed:
         assert self.state is not None
         octet = self.state.pod_octet
         # kwok serves `kubectl logs` from Logs objects the pod runner writes.
-        # (Polled: `kubectl wait` fails at once on a CRD with no conditions yet.)
         self.kubectl("apply", "-f", str(HACK / "kwok-logs-crd.yaml"))
-        established = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
-        procs.wait_until(
-            lambda: self.kubectl("get", "crd/logs.kwok.x-k8s.io", "-o", established) == "True",
-            what="kwok's Logs CRD",
-            timeout_seconds=60,
-        )
+        self.wait_crd_established("logs.kwok.x-k8s.io")
         self._launch(
             "kwok",
             [
@@ -407,6 +401,16 @@ class Testbed:
         time.sleep(down_seconds)
         self._start_apiserver()
         self._save()
+
+    def wait_crd_established(self, name: str, *, timeout_seconds: float = 60) -> None:
+        """Polled: `kubectl wait --for=condition=Established` fails at once on a
+        CRD the API server has not given conditions yet (seen after a restart)."""
+        established = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
+        procs.wait_until(
+            lambda: self.kubectl("get", f"crd/{name}", "-o", established, check=False) == "True",
+            what=f"CRD {name} established",
+            timeout_seconds=timeout_seconds,
+        )
 
     def kubectl(self, *args: str, check: bool = True, input_text: str | None = None) -> str:
         result = subprocess.run(

@@ -37,7 +37,7 @@ CHILD_KINDS = (
 def install_crd(bed: Testbed) -> None:
     """The chart's CRD, applied as a user would."""
     bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / CRD_PATHS[1]))
-    bed.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    bed.wait_crd_established(CRD_NAME)
 
 
 def operator(

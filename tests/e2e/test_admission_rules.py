@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def ns(testbed: Testbed) -> Iterator[str]:
     testbed.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / CRD_PATHS[0]))
-    testbed.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    testbed.wait_crd_established(CRD_NAME)
     with namespace(testbed, "admit") as name:
         yield name
 

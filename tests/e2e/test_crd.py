@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 def crd(testbed: Testbed) -> Iterator[None]:
     """The committed CRD applied as a user would, and served (explain works)."""
     testbed.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / CRD_PATHS[0]))
-    testbed.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    testbed.wait_crd_established(CRD_NAME)
     wait_for(
         lambda: testbed.kubectl("explain", "vllmcluster.spec", check=False),
         what="the VLLMCluster schema published to kubectl explain",
