@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 
+from shoal.procs import wait_until
 from tests.integration.procs import MODEL, engine_metric, router, sims
 
 LONG = " ".join(f"w{i % 97}" for i in range(6000))  # ~6k tokens: 0.3 s of H100 prefill
@@ -22,19 +23,23 @@ def test_short_requests_avoid_a_replica_prefilling_a_long_prompt(tmp_path: Path)
         router(urls, tmp_path, config={"policy": "cache-aware"}) as front,
     ):
         long_replica: list[str] = []
-        headers_seen = threading.Event()
 
         def send_long() -> None:
             body = {"model": MODEL, "prompt": LONG, "max_tokens": 2, "stream": True}
             with httpx.stream("POST", front + "/v1/completions", json=body, timeout=120) as r:
                 assert r.status_code == 200
                 long_replica.append(r.headers["x-shoal-replica"])
-                headers_seen.set()
                 r.read()
+
+        def at_an_engine() -> bool:
+            # The router answers a stream's headers only with its first token,
+            # after the prefill, so the engines say when the long prompt is in.
+            names = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+            return any(engine_metric(u, n) >= 1 for u in urls for n in names)
 
         thread = threading.Thread(target=send_long)
         thread.start()
-        assert headers_seen.wait(30)
+        wait_until(at_an_engine, what="the long prompt at an engine", timeout=30, interval=0.05)
         started = time.monotonic()
         placed = []
         with httpx.Client(timeout=60) as client:
