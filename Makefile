@@ -8,9 +8,11 @@ BIN := $(VENV)/bin
 export PYTHONPATH := $(CURDIR)/hack
 
 # Time budgets per test tier: whole tier (seconds) and per test (pytest-timeout).
+# Integration ran 763 s warm at d438805 (the fault matrix, clean install, slow
+# metrics and engine-key tests came in): 1500 leaves room on a busy machine.
 UNIT_BUDGET ?= 300
 UNIT_TEST_TIMEOUT ?= 30
-INTEGRATION_BUDGET ?= 900
+INTEGRATION_BUDGET ?= 1500
 INTEGRATION_TEST_TIMEOUT ?= 120
 E2E_BUDGET ?= 2400
 E2E_TEST_TIMEOUT ?= 300
