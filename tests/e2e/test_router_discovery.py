@@ -155,8 +155,14 @@ def test_router_routes_only_to_ready_pods_and_survives_a_broken_watch(
             old_uid = get_json(testbed, "pod", "eng-1", "-n", ns)["metadata"]["uid"]
             testbed.restart_apiserver()
             testbed.kubectl("delete", "pod", "eng-1", "-n", ns, "--wait=true")
+            # kube-controller-manager's StatefulSet controller makes the new pod
+            # once its informers have re-listed; in one CI run they took ~64 s
+            # after the restart (its ServiceAccount informer's relist logged
+            # then). The router's own recovery is what the waits below bound.
             wait_for(
-                lambda: _uid(testbed, ns, "eng-1") not in ("", old_uid), what="eng-1 recreated"
+                lambda: _uid(testbed, ns, "eng-1") not in ("", old_uid),
+                what="eng-1 recreated",
+                timeout=150,
             )
             # The new eng-1 is a new, cold replica: not Ready until its gate is set.
             wait_for(
