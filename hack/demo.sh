@@ -13,7 +13,9 @@ trap '$py -m shoal_testbed down --dir "$dir" >/dev/null 2>&1 || true; rm -rf "$d
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 step "starting the testbed (etcd, kube-apiserver, controller-manager, scheduler, kwok GPU nodes)"
-$py -m shoal_testbed up --dir "$dir" | tail -1
+# Without the real node (kubelet + containerd): the fleet runs on the kwok GPU
+# nodes, and `make demo` builds only the control plane (no image, no containerd).
+SHOAL_TESTBED_NODE=0 $py -m shoal_testbed up --dir "$dir" | tail -1
 export KUBECONFIG="$dir/kubeconfig"
 kubectl() { .testbed/bin/kubectl "$@"; }
 helm() { .testbed/bin/helm "$@"; }
