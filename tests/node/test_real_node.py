@@ -305,11 +305,13 @@ def test_a_vllmcluster_on_the_real_node_is_ready_once_warm_up_lets_kubelet_pass_
     (leader,) = leader_pods(fleet.bed, fleet.ns, fleet.name)
     assert leader["spec"]["nodeName"] == realnode.NODE_NAME
     assert leader["status"]["containerStatuses"][0]["containerID"].startswith("containerd://")
-    # The real kubelet turned the pod Ready only once shoal set the gate.
+    # The real kubelet turned the pod Ready only once shoal set the gate (and
+    # its containers were ready). Warmed may come first: shoal's own look at
+    # /health can beat kubelet's next readiness probe (seen in CI: 8 s apart).
     warmed = _condition_time(leader, CONDITION_WARMED)
     ready, containers = _condition_time(leader, "Ready"), _condition_time(leader, "ContainersReady")
     assert warmed is not None and ready is not None and containers is not None, leader["status"]
-    assert ready >= warmed >= containers, leader["status"]["conditions"]
+    assert ready >= max(warmed, containers), leader["status"]["conditions"]
 
 
 def test_requests_reach_the_fleet_through_its_clusterip_service_from_a_pod_and_the_host(
