@@ -60,7 +60,7 @@ from shoal.bench.autoscale import (
 from shoal.bench.autoscale_plot import plot_day
 from shoal.procs import ready_router, wait_until
 from shoal_testbed.cluster import DEFAULT_DIR, REPO, Testbed
-from warmup_bench import MODEL, Sample, system_prompt
+from warmup_bench import MODEL, Sample, one_request, system_prompt
 
 NS_PREFIX = "shoal-ab"
 NAME = "day"
@@ -73,30 +73,6 @@ def words(rng: random.Random, chars: int) -> str:
     while sum(len(w) + 1 for w in out) < chars:
         out.append(f"item{rng.randrange(10**6)}")
     return " ".join(out)
-
-
-async def one_request(
-    client: httpx.AsyncClient, url: str, prompt: str, *, max_tokens: int, out: list[Sample]
-) -> None:
-    """A streamed completion; its TTFT is the first data chunk's arrival."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
-    start, t0 = time.time(), time.perf_counter()
-    ttft: float | None = None
-    replica = ""
-    try:
-        async with client.stream("POST", url + "/v1/completions", json=body) as response:
-            replica = response.headers.get("x-shoal-replica", "")
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")[:160]
-                error = f"{response.status_code} {text}"
-                out.append(Sample(start, None, time.time(), replica, error))
-                return
-            async for line in response.aiter_lines():
-                if ttft is None and line.startswith("data: {"):
-                    ttft = time.perf_counter() - t0
-        out.append(Sample(start, ttft, time.time(), replica))
-    except httpx.HTTPError as error:
-        out.append(Sample(start, None, time.time(), replica, repr(error)))
 
 
 class DayLoad:

@@ -78,18 +78,21 @@ class Sample:
     error: str = ""
 
 
-async def one_request(client: httpx.AsyncClient, url: str, prompt: str, out: list[Sample]) -> None:
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "stream": True}
-    start = time.time()
-    t0 = time.perf_counter()
+async def one_request(
+    client: httpx.AsyncClient, url: str, prompt: str, *, max_tokens: int, out: list[Sample]
+) -> None:
+    """A streamed completion; its TTFT is the first data chunk's arrival."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    start, t0 = time.time(), time.perf_counter()
     ttft: float | None = None
     replica = ""
     try:
         async with client.stream("POST", url + "/v1/completions", json=body) as response:
             replica = response.headers.get("x-shoal-replica", "")
             if response.status_code != 200:
-                await response.aread()
-                out.append(Sample(start, None, time.time(), replica, str(response.status_code)))
+                text = (await response.aread()).decode(errors="replace")[:160]
+                error = f"{response.status_code} {text}"
+                out.append(Sample(start, None, time.time(), replica, error))
                 return
             async for line in response.aiter_lines():
                 if ttft is None and line.startswith("data: {"):
@@ -118,7 +121,9 @@ class Workload:
             next_at = time.perf_counter()
             while not self._stop.is_set():
                 prompt = self.rng.choice(self.prompts) + f" Question {n}: how do I scale this?"
-                task = asyncio.create_task(one_request(client, self.url, prompt, self.samples))
+                task = asyncio.create_task(
+                    one_request(client, self.url, prompt, max_tokens=8, out=self.samples)
+                )
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 n += 1
