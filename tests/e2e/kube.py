@@ -56,3 +56,24 @@ def pod_if(
     """The pod, if it satisfies predicate (for wait_for)."""
     pod: dict[str, Any] = get_json(bed, "pod", name, "-n", namespace)
     return pod if predicate(pod) else None
+
+
+def run_pod(name: str, script: str, **container: Any) -> dict[str, Any]:
+    """A pod whose one container the pod runner plays with `python3 -u -c script`
+    (unbuffered: its lines reach the logs as they are printed)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {"testbed.shoal.dev/run": "main"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "python:3.11",
+                    "command": ["python3", "-u", "-c", script],
+                    **container,
+                }
+            ],
+        },
+    }

@@ -22,24 +22,9 @@ from typing import Any
 import pytest
 
 from shoal_testbed.cluster import Testbed, bin_dir
-from tests.e2e.kube import apply, get_json, namespace, wait_for
+from tests.e2e.kube import apply, get_json, namespace, run_pod, wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-def _run_pod(name: str, script: str) -> dict[str, Any]:
-    """A pod whose one container the pod runner plays with `python3 -c script`."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": {"testbed.shoal.dev/run": "main"}},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {"name": "main", "image": "python:3.11", "command": ["python3", "-u", "-c", script]}
-            ],
-        },
-    }
 
 
 def _status(bed: Testbed, ns: str, pod: str) -> dict[str, Any]:
@@ -88,7 +73,7 @@ def test_kubectl_logs_shows_what_the_container_printed_and_follows_it(
         ]
     )
     with namespace(testbed, "logs") as ns:
-        apply(testbed, ns, _run_pod("talker", script))
+        apply(testbed, ns, run_pod("talker", script))
         wait_for(
             lambda: "to stdout: first" in _logs(testbed, ns, "talker"),
             what="talker's stdout in kubectl logs",
@@ -141,7 +126,7 @@ def test_kubectl_logs_previous_shows_the_container_that_ran_before_the_restart(
         ]
     )
     with namespace(testbed, "previous") as ns:
-        apply(testbed, ns, _run_pod("flaky", script))
+        apply(testbed, ns, run_pod("flaky", script))
         wait_for(
             lambda: (
                 _status(testbed, ns, "flaky").get("state", {}).get("waiting", {}).get("reason")
@@ -173,7 +158,7 @@ def test_kubectl_logs_previous_shows_the_container_that_ran_before_the_restart(
 def test_a_pod_that_ran_to_completion_keeps_its_logs_until_it_is_deleted(
     testbed: Testbed,
 ) -> None:
-    pod = _run_pod("once", "print('did the job')")
+    pod = run_pod("once", "print('did the job')")
     pod["spec"]["restartPolicy"] = "Never"
     with namespace(testbed, "done") as ns:
         apply(testbed, ns, pod)
@@ -203,7 +188,7 @@ def test_logs_and_reports_survive_an_api_server_restart(testbed: Testbed, tmp_pa
         ["import os, sys, time", _wait_for_file(crash), "print('exiting 4')", "sys.exit(4)"]
     )
     with namespace(testbed, "apilogs") as ns:
-        apply(testbed, ns, _run_pod("steady", steady), _run_pod("doomed", doomed))
+        apply(testbed, ns, run_pod("steady", steady), run_pod("doomed", doomed))
         wait_for(
             lambda: _running(testbed, ns, "steady") and _running(testbed, ns, "doomed"),
             what="steady and doomed running",
@@ -237,7 +222,7 @@ def test_logs_and_reports_survive_an_api_server_restart(testbed: Testbed, tmp_pa
         assert _status(testbed, ns, "steady")["restartCount"] == 0
         assert _logs(testbed, ns, "steady").splitlines() == ["steady since before"]
         # A pod created after the restart is run and its logs are served too.
-        apply(testbed, ns, _run_pod("later", "import time; print('later'); time.sleep(600)"))
+        apply(testbed, ns, run_pod("later", "import time; print('later'); time.sleep(600)"))
         wait_for(
             lambda: _logs(testbed, ns, "later").splitlines() == ["later"],
             what="later's output",

@@ -17,7 +17,7 @@ import pytest
 
 from shoal_testbed.cluster import Testbed, bin_dir, pins
 from shoal_testbed.nodes import GPU_PRODUCT_LABEL, GPU_RESOURCE, GPU_TAINT
-from tests.e2e.kube import apply, condition, get_json, namespace, pod_if, pods, wait_for
+from tests.e2e.kube import apply, condition, get_json, namespace, pod_if, pods, run_pod, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -339,26 +339,6 @@ def test_kubectl_and_helm_report_the_pinned_versions(testbed: Testbed) -> None:
     ), helm.stdout
 
 
-def _run_pod(name: str, script: str, **container: Any) -> dict[str, Any]:
-    """A pod whose one container the pod runner plays with `python3 -c script`."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": {"testbed.shoal.dev/run": "main"}},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "python:3.11",
-                    "command": ["python3", "-c", script],
-                    **container,
-                }
-            ],
-        },
-    }
-
-
 def _container_status(bed: Testbed, ns: str, pod: str) -> dict[str, Any]:
     found = get_json(bed, "pod", pod, "-n", ns)["status"].get("containerStatuses") or [{}]
     status: dict[str, Any] = found[0]
@@ -379,7 +359,7 @@ def test_a_crashing_container_shows_crash_loop_back_off_its_exit_code_and_log(
         apply(
             testbed,
             ns,
-            _run_pod("crash", script, terminationMessagePolicy="FallbackToLogsOnError"),
+            run_pod("crash", script, terminationMessagePolicy="FallbackToLogsOnError"),
         )
         status = wait_for(
             lambda: _waiting(testbed, ns, "crash", "CrashLoopBackOff"),
@@ -420,7 +400,7 @@ def test_a_missing_secret_key_is_a_config_error_until_the_secret_exists(
     env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
     script = "import os, time; print('token', os.environ['TOKEN'], flush=True); time.sleep(600)"
     with namespace(testbed, "config") as ns:
-        apply(testbed, ns, _run_pod("needs", script, env=env))
+        apply(testbed, ns, run_pod("needs", script, env=env))
         status = wait_for(
             lambda: _waiting(testbed, ns, "needs", "CreateContainerConfigError"),
             what="needs in CreateContainerConfigError",
@@ -491,7 +471,7 @@ def test_the_pod_runner_keeps_its_processes_through_an_api_server_restart(
         ]
         assert len(started) == 1, started
         # Reports resume: a crash after the restart is seen.
-        apply(testbed, ns, _run_pod("after", "import sys; sys.exit(1)"))
+        apply(testbed, ns, run_pod("after", "import sys; sys.exit(1)"))
         wait_for(
             lambda: _waiting(testbed, ns, "after", "CrashLoopBackOff"),
             what="after in CrashLoopBackOff",
