@@ -27,7 +27,11 @@ from shoal.health.assess import Assessment, Reason
 from tests.unit.test_controller_decide import NOW, desired_for, pod_for, serving, set_for
 
 POLICY = HealPolicy(
-    backoff_initial_seconds=10, backoff_max_seconds=60, max_restarts=3, window_seconds=600
+    backoff_initial_seconds=10,
+    backoff_max_seconds=60,
+    max_restarts=3,
+    window_seconds=600,
+    failure_threshold=3,
 )
 HUNG = Assessment(
     Reason.HUNG, "canary timed out and no token was generated meanwhile", 3, True, False
@@ -180,6 +184,32 @@ def test_replicas_failing_together_are_left_alone_though_they_reach_the_threshol
     # One replica alone failing on connection errors is still restarted.
     alone = run(desired, observed, back.memory, NOW + 3, r0=REFUSED, r2=OK)
     assert [p.name for p in alone.delete_pods] == ["c-r0-0"]
+
+
+def refused(consecutive: int) -> Assessment:
+    return Assessment(Reason.DEAD, "/health refused", consecutive, consecutive >= 3, True)
+
+
+def test_the_last_of_a_shared_outage_to_recover_is_not_restarted_for_the_outage() -> None:
+    # Seen in CI: the network came back to r0 a check before r1, so r1 failed
+    # alone for a moment, past failureThreshold, and was restarted.
+    desired = healing(3, max_unavailable=3)
+    observed = serving(range(3), desired)
+    out = run(desired, observed, None, NOW, r0=refused(5), r1=refused(5), r2=OK)
+    assert out.memory.unreachable == {0, 1}
+    back = run(desired, observed, out.memory, NOW + 1, r0=OK, r1=refused(6), r2=OK)
+    assert not back.delete_pods and not back.restarts and not back.gates
+    assert back.degraded is None
+    # Still down after failureThreshold more checks on its own: restarted then.
+    later = run(desired, observed, back.memory, NOW + 2, r0=OK, r1=refused(8), r2=OK)
+    assert not later.delete_pods
+    alone = run(desired, observed, later.memory, NOW + 3, r0=OK, r1=refused(9), r2=OK)
+    assert [p.name for p in alone.delete_pods] == ["c-r1-0"]
+    # One that recovered is judged afresh next time.
+    well = run(desired, observed, back.memory, NOW + 2, r0=OK, r1=OK, r2=OK)
+    assert not well.memory.after_outage
+    again = run(desired, observed, well.memory, NOW + 3, r0=OK, r1=refused(3), r2=OK)
+    assert [p.name for p in again.delete_pods] == ["c-r1-0"]
 
 
 def test_a_replica_out_of_rotation_that_recovers_is_admitted_again() -> None:

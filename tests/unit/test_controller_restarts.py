@@ -12,7 +12,11 @@ from shoal.controller.restarts import (
 
 NOW = "2026-11-30T10:00:00Z"
 POLICY = HealPolicy(
-    backoff_initial_seconds=10, backoff_max_seconds=300, max_restarts=3, window_seconds=600
+    backoff_initial_seconds=10,
+    backoff_max_seconds=300,
+    max_restarts=3,
+    window_seconds=600,
+    failure_threshold=3,
 )
 
 

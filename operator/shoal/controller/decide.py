@@ -97,6 +97,7 @@ class HealPolicy:
     backoff_max_seconds: float
     max_restarts: int
     window_seconds: float
+    failure_threshold: int  # spec.health.failureThreshold, as the health loop counts it
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,10 @@ class Memory:
     # Replicas failing together on connection-level errors, left alone (the
     # Event is posted when this starts, not every pass).
     unreachable: frozenset[int] = frozenset()
+    # Replicas still failing when such an outage ended, with their count of
+    # failed checks then: the network comes back to replicas a check or so
+    # apart, so they are judged on the checks after it only.
+    after_outage: Mapping[int, int] = field(default_factory=dict)
 
 
 class GateReason(StrEnum):
@@ -334,6 +339,7 @@ def decide(
         parts += [restarted, _create_missing(desired, missing), rolled]
     restart_times = memory.restart_times
     sick: frozenset[int] = frozenset()
+    after_outage: Mapping[int, int] = {}
     if desired is not None and desired.heal is not None:
         healing = heal(
             observed,
@@ -346,6 +352,7 @@ def decide(
         )
         parts.append(healing.decision)
         restart_times, sick = healing.restart_times, healing.keep_out
+        after_outage = healing.after_outage
     deleting = {p.uid for part in parts for p in part.delete_pods}
     parts.append(
         _admit(
@@ -368,6 +375,7 @@ def decide(
             restart_times={i: t for i, t in restart_times.items() if i in wanted},
             sick=sick,
             unreachable=frozenset(decision.unreachable),
+            after_outage=after_outage,
         ),
     )
 
@@ -390,6 +398,7 @@ class Healing:
     decision: Decision
     keep_out: frozenset[int]  # out of rotation for their health: not admitted this pass
     restart_times: Mapping[int, tuple[float, ...]]  # with the restarts decided now
+    after_outage: Mapping[int, int] = field(default_factory=dict)  # the next Memory's
 
 
 def heal(
@@ -406,24 +415,22 @@ def heal(
     those not restarted now."""
     part = Decision()
     restart_times = dict(memory.restart_times)
-    failing: dict[int, tuple[ReplicaFacts, Assessment]] = {}
-    # Replicas whose latest check failed on a connection-level error, whether
-    # or not they reached failureThreshold yet: replicas that fail together
-    # reach it one check apart, and the first must not be restarted alone.
-    unreachable: list[int] = []
+    checked: dict[int, tuple[ReplicaFacts, Assessment]] = {}  # failing their latest check
     for index in sorted(desired.replicas):
         replica = observed.replica(index)
         leader = replica.leader_pod
         if leader is None or replica.held or index in skip or leader.terminating:
             continue
         found = health.get(leader.uid)
-        if found is None or found.ok:
-            continue  # not checked yet, or healthy again
-        if found.connection_level:
-            unreachable.append(index)
-        if found.unhealthy or index in memory.sick:
-            failing[index] = (replica, found)
-    if len(unreachable) >= 2 and any(i in failing for i in unreachable):
+        if found is not None and not found.ok:  # else not checked yet, or healthy again
+            checked[index] = (replica, found)
+    # Replicas whose latest check failed on a connection-level error, whether
+    # or not they reached failureThreshold yet: replicas that fail together
+    # reach it one check apart, and the first must not be restarted alone.
+    unreachable = [i for i, (_, found) in checked.items() if found.connection_level]
+    if len(unreachable) >= 2 and any(
+        checked[i][1].unhealthy or i in memory.sick for i in unreachable
+    ):
         message = (
             f"replicas {', '.join(map(str, unreachable))} fail at once on connection-level "
             "errors; the operator may be the one cut off, so none is restarted and they stay "
@@ -433,8 +440,21 @@ def heal(
         part.unreachable = set(unreachable)
         if not memory.unreachable:
             part.events.append(Event(EventType.WARNING, "ManyReplicasUnreachable", message))
-        keep_out = frozenset(i for i in failing if i not in unreachable)
+        keep_out = frozenset(
+            i
+            for i, (_, found) in checked.items()
+            if i not in unreachable and (found.unhealthy or i in memory.sick)
+        )
         return Healing(decision=part, keep_out=keep_out, restart_times=restart_times)
+    after_outage = _after_outage(checked, memory)
+    failing = {
+        i: facts
+        for i, facts in checked.items()
+        if facts[1].consecutive - after_outage.get(i, 0) >= policy.failure_threshold
+        or i in memory.sick
+    }
+    if set(after_outage) - set(failing):
+        part.poll()  # the health loop wakes a pass on changes only, not on each count
     exhausted = {
         i for i in failing if restart_wait(restart_times.get(i, ()), policy, now=now) is None
     }
@@ -498,7 +518,27 @@ def heal(
                 pod=leader.name,
             )
         )
-    return Healing(decision=part, keep_out=frozenset(kept_out), restart_times=restart_times)
+    return Healing(
+        decision=part,
+        keep_out=frozenset(kept_out),
+        restart_times=restart_times,
+        after_outage=after_outage,
+    )
+
+
+def _after_outage(
+    checked: Mapping[int, tuple[ReplicaFacts, Assessment]], memory: Memory
+) -> dict[int, int]:
+    """Memory.after_outage for the replicas still failing: kept while they fail
+    on, set for those a shared outage left failing as it ended."""
+    found: dict[int, int] = {}
+    for index, (_, assessment) in checked.items():
+        since = memory.after_outage.get(index)
+        if since is not None and since <= assessment.consecutive:
+            found[index] = since
+        elif index in memory.unreachable:
+            found[index] = assessment.consecutive
+    return found
 
 
 def node_not_ready_since(nodes: list[Manifest]) -> dict[str, float]:
