@@ -43,7 +43,7 @@ from typing import Any
 import httpx
 import yaml
 
-from fleet_bench import FleetBench
+from fleet_bench import FleetBench, testbed_for
 from shoal.bench.autoscale import (
     Phase,
     PhaseName,
@@ -221,10 +221,21 @@ def run(
         load = DayLoad(url, prompts, offsets, args=args)
         load.start()
         replicas: list[tuple[float, int]] = []
+        decisions: list[dict[str, Any]] = []  # what the autoscaler saw and asked for
         end = length(phases)
         while (at := time.time() - load.started_at) < end:
             with contextlib.suppress(httpx.HTTPError):
                 replicas.append((at, bench.leaders(ns)))
+                found = bench.cluster(ns)
+                scaler = found.get("status", {}).get("autoscaling") or {}
+                decisions.append(
+                    {
+                        "at": round(at, 2),
+                        "spec_replicas": found["spec"].get("replicas"),
+                        "demand": scaler.get("demand"),
+                        "decision": scaler.get("lastDecision"),
+                    }
+                )
             time.sleep(0.5)
         load.join(timeout=200)
         requests = [Request(sent=s.start - load.started_at, ttft=s.ttft) for s in load.samples]
@@ -234,6 +245,7 @@ def run(
             "mode": mode,
             "requests": requests,
             "replicas": replicas,
+            "decisions": decisions,
             "errors": errors,
             "from_zero": from_zero,
         }
@@ -275,7 +287,9 @@ def main() -> int:
     parser.add_argument("--peak-replicas", type=int, default=3)
     parser.add_argument("--target", type=int, default=3, help="targetPerReplica (in flight)")
     parser.add_argument("--down-window", type=int, default=15, help="down stabilization s")
-    parser.add_argument("--idle-seconds", type=int, default=10)
+    # Longer than the quiet phase's gaps between requests (Poisson at 0.15/s:
+    # a 10 s gap is common, a 30 s one rare), or the fleet goes to zero then.
+    parser.add_argument("--idle-seconds", type=int, default=30)
     parser.add_argument("--tenants", type=int, default=4)
     parser.add_argument("--prefix-chars", type=int, default=3200, help="system prompt length")
     parser.add_argument("--unique-chars", type=int, default=400, help="each request's own text")
@@ -294,38 +308,30 @@ def main() -> int:
     )
     prompts = [system_prompt(t, args.prefix_chars) for t in range(args.tenants)]
     work = Path(tempfile.mkdtemp(prefix="autoscale-bench-"))
-    bed = Testbed.attach(args.dir)
-    private = bed is None
-    if bed is None:
-        print(f"no testbed in {args.dir}: starting a private one in {work / 'testbed'}")
-        bed = Testbed(work / "testbed", owned_by_caller=True)
-        bed.up()
-    bench = Bench(bed, work)
     raw: list[dict[str, Any]] = []
-    try:
-        bench.start_operator()
-        for repeat in range(args.repeat):
-            offsets = arrivals(phases, seed=args.seed + repeat)
-            for mode in args.modes.split(","):
-                print(f"repeat {repeat + 1}: {mode} ({len(offsets)} requests) ...", flush=True)
-                found = run(bench, args, mode, phases=phases, offsets=offsets, prompts=prompts)
-                found["repeat"] = repeat
-                raw.append(found)
-                summary = summarize(
-                    mode,
-                    found["requests"],
-                    found["replicas"],
-                    phases=phases,
-                    from_zero=found["from_zero"],
-                )
-                print(f"  {summary}", flush=True)
-                if found["errors"]:
-                    print(f"  errors: {found['errors']}", flush=True)
-    finally:
-        if bench.operator is not None:
-            bench.operator.stop()
-        if private:
-            bed.down()
+    with testbed_for(args.dir, work) as bed:
+        bench = Bench(bed, work)
+        try:
+            bench.start_operator()
+            for repeat in range(args.repeat):
+                offsets = arrivals(phases, seed=args.seed + repeat)
+                for mode in args.modes.split(","):
+                    print(f"repeat {repeat + 1}: {mode} ({len(offsets)} requests) ...", flush=True)
+                    found = run(bench, args, mode, phases=phases, offsets=offsets, prompts=prompts)
+                    found["repeat"] = repeat
+                    raw.append(found)
+                    summary = summarize(
+                        mode,
+                        found["requests"],
+                        found["replicas"],
+                        phases=phases,
+                        from_zero=found["from_zero"],
+                    )
+                    print(f"  {summary}", flush=True)
+                    if found["errors"]:
+                        print(f"  errors: {found['errors']}", flush=True)
+        finally:
+            bench.stop_operator()
     report(args, phases, raw)
     print(f"logs: {work}")
     return 0
@@ -370,6 +376,7 @@ def report(args: argparse.Namespace, phases: list[Phase], raw: list[dict[str, An
                     "summary": asdict(s),
                     "errors": r["errors"],
                     "replicas": r["replicas"],
+                    "decisions": r["decisions"],
                     "requests": [asdict(q) for q in r["requests"]],
                 }
                 for r, s in zip(raw, summaries, strict=True)

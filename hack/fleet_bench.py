@@ -4,8 +4,10 @@ one namespace per mode, and its cleanup."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,23 @@ from shoal.procs import LocalProcess, start_operator, wait_until
 from shoal_testbed.cluster import REPO, Testbed
 
 CRD = REPO / "charts/shoal/crds/vllmclusters.serving.shoal.dev.yaml"
+
+
+@contextlib.contextmanager
+def testbed_for(state: Path, work: Path) -> Iterator[Testbed]:
+    """The testbed running in `state`, else a private one in work/testbed for
+    the bench's length (stopped after, a half-started one too)."""
+    bed = Testbed.attach(state)
+    if bed is not None:
+        yield bed
+        return
+    print(f"no testbed in {state}: starting a private one in {work / 'testbed'}")
+    bed = Testbed(work / "testbed", owned_by_caller=True)
+    try:
+        bed.up()
+        yield bed
+    finally:
+        bed.down()
 
 
 class FleetBench:

@@ -43,7 +43,7 @@ from typing import Any
 import httpx
 import yaml
 
-from fleet_bench import FleetBench
+from fleet_bench import FleetBench, testbed_for
 from shoal.bench.stats import percentile
 from shoal.engine.errors import BadMetrics
 from shoal.engine.metrics import parse
@@ -365,25 +365,18 @@ def main() -> int:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="warmup-bench-"))
-    bed = Testbed.attach(args.dir)
-    private = bed is None
-    if bed is None:
-        print(f"no testbed in {args.dir}: starting a private one in {work / 'testbed'}")
-        bed = Testbed(work / "testbed", owned_by_caller=True)
-        bed.up()
-    bench = Bench(bed, work)
     prompts = [system_prompt(t, args.prefix_chars) for t in range(args.tenants)]
     results = []
-    try:
-        bench.start_operator()
-        for repeat in range(args.repeat):
-            for mode in args.modes.split(","):
-                print(f"run {repeat + 1} with warm-up {mode} ...", flush=True)
-                results.append(run(bench, args, mode, prompts))
-    finally:
-        bench.stop_operator()
-        if private:
-            bed.down()
+    with testbed_for(args.dir, work) as bed:
+        bench = Bench(bed, work)
+        try:
+            bench.start_operator()
+            for repeat in range(args.repeat):
+                for mode in args.modes.split(","):
+                    print(f"run {repeat + 1} with warm-up {mode} ...", flush=True)
+                    results.append(run(bench, args, mode, prompts))
+        finally:
+            bench.stop_operator()
     report(results, args)
     if args.save is not None:
         args.save.parent.mkdir(parents=True, exist_ok=True)
