@@ -149,6 +149,9 @@ def pins_key(peers: Sequence[Peer] = tuple(PEERS.values())) -> str:
 
 
 def cache_root() -> Path:
+    """SHOAL_CACHE, as hack/'s build scripts read it (a cold CI run sets it)."""
+    if found := os.environ.get("SHOAL_CACHE"):
+        return Path(found)
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shoal"
 
 
