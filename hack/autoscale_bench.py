@@ -51,13 +51,17 @@ from shoal.bench.autoscale import (
     arrivals,
     by_mode,
     day,
+    following,
     length,
+    replica_seconds,
     summarize,
     table_text,
     targets,
     timeline,
 )
 from shoal.bench.autoscale_plot import plot_day
+from shoal.controller.autoscale import parse_router_demand
+from shoal.controller.names import COMPONENT_ROUTER, LABEL_COMPONENT, ROUTER_PORT
 from shoal.procs import ready_router, wait_until
 from shoal_testbed.cluster import DEFAULT_DIR, REPO, Testbed
 from warmup_bench import MODEL, Sample, one_request, system_prompt
@@ -143,6 +147,20 @@ class Bench(FleetBench):
         found: dict[str, Any] = answer.json()
         return found
 
+    def demand(self, ns: str) -> float | None:
+        """What the autoscaler reads, read at once: requests in flight plus
+        queued over the router pods that answer (None: none did)."""
+        found: list[float] = []
+        for pod in self.pods(ns, f"{LABEL_COMPONENT}={COMPONENT_ROUTER}"):
+            ip = pod.get("status", {}).get("podIP")
+            if not ip:
+                continue
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                answer = self.api.get(f"http://{ip}:{ROUTER_PORT}/metrics", timeout=2)
+                scraped = parse_router_demand(answer.text)
+                found.append(scraped.in_flight + scraped.queued)
+        return sum(found) if found else None
+
     def leaders(self, ns: str) -> int:
         """Leader pods that hold their GPUs: not yet gone, nor finished."""
         pods = self.pods(ns, LEADERS)
@@ -221,7 +239,7 @@ def run(
         load = DayLoad(url, prompts, offsets, args=args)
         load.start()
         replicas: list[tuple[float, int]] = []
-        decisions: list[dict[str, Any]] = []  # what the autoscaler saw and asked for
+        decisions: list[dict[str, Any]] = []  # the demand, and what the autoscaler asked for
         end = length(phases)
         while (at := time.time() - load.started_at) < end:
             with contextlib.suppress(httpx.HTTPError):
@@ -232,7 +250,7 @@ def run(
                     {
                         "at": round(at, 2),
                         "spec_replicas": found["spec"].get("replicas"),
-                        "demand": scaler.get("demand"),
+                        "demand": bench.demand(ns),
                         "decision": scaler.get("lastDecision"),
                     }
                 )
@@ -358,6 +376,18 @@ def report(args: argparse.Namespace, phases: list[Phase], raw: list[dict[str, An
         table_text(table),
         "",
     ]
+    for r in raw:
+        if r["mode"] == "static":
+            continue
+        demand = [(d["at"], d["demand"]) for d in r["decisions"]]
+        bound = replica_seconds(
+            following(demand, target=args.target, most=args.peak_replicas), end=length(phases)
+        )
+        lines.append(
+            f"- {r['mode']}, repeat {r['repeat'] + 1}: a fleet following its measured demand "
+            f"exactly (ceil(demand / {args.target}), no window, start-up or drain) would "
+            f"have used {bound:.0f} replica-s"
+        )
     modes = set(table)
     if {"static", "warm", "cold"} <= modes:
         for target in targets(table, static="static", warm="warm", cold="cold"):

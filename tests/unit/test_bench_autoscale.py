@@ -14,6 +14,7 @@ from shoal.bench.autoscale import (
     arrivals,
     by_mode,
     day,
+    following,
     length,
     phase_at,
     rate_at,
@@ -59,6 +60,13 @@ def test_arrivals_are_seeded_and_follow_the_rate() -> None:
 def test_replica_seconds_integrate_the_count_until_the_end() -> None:
     assert replica_seconds([(0, 1), (10, 3), (20, 0)], end=30) == 10 + 30
     assert replica_seconds([(0, 2)], end=5) == 10
+
+
+def test_a_fleet_following_demand_exactly_bounds_the_replica_seconds() -> None:
+    demand = [(0.0, 0.0), (1.0, 2.0), (2.0, 7.0), (3.0, None), (4.0, 30.0), (5.0, 3.0)]
+    counts = following(demand, target=3, most=4)
+    assert counts == [(0.0, 0), (1.0, 1), (2.0, 3), (3.0, 3), (4.0, 4), (5.0, 1)]
+    assert replica_seconds(counts, end=6.0) == 0 + 1 + 3 + 3 + 4 + 1
 
 
 def test_the_summary_takes_the_ramps_p99_and_the_latency_from_zero() -> None:

@@ -105,6 +105,23 @@ class Request:
     ttft: float | None
 
 
+def following(
+    demand: Sequence[tuple[float, float | None]], *, target: float, most: int
+) -> list[tuple[float, int]]:
+    """The replica counts of a fleet that followed the measured demand exactly
+    and at once: ceil(demand / target), at most `most`, 0 at no demand; no
+    window, start-up or drain. Its replica-seconds bound what any autoscaler
+    on the same target could reach on the day. A sample without a signal
+    (None) keeps the count before it."""
+    counts: list[tuple[float, int]] = []
+    count = 0
+    for at, requests in demand:
+        if requests is not None:
+            count = min(most, math.ceil(requests / target - 1e-9)) if requests > 0 else 0
+        counts.append((at, count))
+    return counts
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunSummary:
     mode: str
