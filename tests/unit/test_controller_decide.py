@@ -253,6 +253,24 @@ def test_a_replaced_worker_restarts_its_whole_group() -> None:
     assert [e.reason for e in decision.events] == ["GroupRestarted"]
 
 
+def test_a_worker_gone_before_its_replacement_restarts_its_group_and_is_named() -> None:
+    # Seen in CI: the pass came while the deleted worker was terminating, so
+    # only the leader was left, and the reason said no more than "a member".
+    desired = desired_for(1, tensor=16)
+    leader, worker = pod_for(0), pod_for(0, role="worker", rank=1)
+    token = group_token([leader, worker])
+    replica = ReplicaFacts(
+        index=0,
+        leader=set_for(0, desired),
+        worker=set_for(0, desired, role="worker"),
+        pods=[replace(leader, group=token), replace(worker, group=token, terminating=True)],
+    )
+    observed = Observed(replicas={0: replica}, router=None)
+    decision = decide(desired=desired, observed=observed, probes=Probes(), memory=Memory(), now=NOW)
+    assert [p.uid for p in decision.delete_pods] == ["uid-c-r0-0"]
+    assert decision.restarts == {0: "pod c-r0-w-1 is gone"}
+
+
 def test_a_restarted_member_restarts_its_group_and_a_fresh_group_is_stamped() -> None:
     desired = desired_for(1, tensor=16)
     members = [pod_for(0, warmed=None, ready=False), pod_for(0, role="worker", rank=1)]

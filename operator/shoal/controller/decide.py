@@ -45,6 +45,7 @@ from shoal.api.status import ConditionStatus
 from shoal.controller.desired import ReplicaObjects, manifest_hash
 from shoal.controller.failures import replica_failure
 from shoal.controller.identity import Manifest
+from shoal.controller.names import FIRST_WORKER_ORDINAL, LEADER_ORDINAL, pod_name
 from shoal.controller.observe import Observed, PodFacts, ReplicaFacts, SetFacts
 from shoal.controller.rollout import (
     Marks,
@@ -268,6 +269,15 @@ def group_token(members: list[PodFacts]) -> str:
     """Identity of a formed group: its members' uids."""
     uids = ",".join(sorted(p.uid for p in members))
     return hashlib.sha256(uids.encode()).hexdigest()[:12]
+
+
+def member_names(replica: ReplicaFacts, nodes: int) -> list[str]:
+    """The pods a complete group has, by its StatefulSets' names."""
+    names = [] if replica.leader is None else [pod_name(replica.leader.name, LEADER_ORDINAL)]
+    if replica.worker is not None:
+        last = FIRST_WORKER_ORDINAL + nodes - 1
+        names += [pod_name(replica.worker.name, k) for k in range(FIRST_WORKER_ORDINAL, last)]
+    return names
 
 
 def group_complete(replica: ReplicaFacts, nodes: int) -> bool:
@@ -679,7 +689,11 @@ def _restart_broken_groups(observed: Observed, *, indices: set[int], nodes: int)
             why = f"pod {restarted[0]} restarted"
         elif stale:
             new = [p.name for p in members if p.group is None]
-            why = f"pod {new[0]} replaced a member" if new else "a member pod is gone"
+            gone = sorted(set(member_names(replica, nodes)) - {p.name for p in members})
+            if new:
+                why = f"pod {new[0]} replaced a member"
+            else:
+                why = f"pod {gone[0]} is gone" if gone else "a member pod is gone"
         else:
             if group_complete(replica, nodes):
                 part.stamps += [(p, token) for p in members if p.group != token]

@@ -19,6 +19,7 @@ from shoal.controller.names import (
     COMPONENT_ENGINE,
     CONDITION_WARMED,
     ENGINE_PORT,
+    FIRST_WORKER_ORDINAL,
     LABEL_REPLICA,
     LABEL_ROLE,
     ROLE_LEADER,
@@ -299,7 +300,7 @@ def _statefulset(
         ),
     }
     if role == ROLE_WORKER:
-        set_spec["ordinals"] = {"start": 1}
+        set_spec["ordinals"] = {"start": FIRST_WORKER_ORDINAL}
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",

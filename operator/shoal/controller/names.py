@@ -100,8 +100,18 @@ def max_cluster_name_length(*, max_index: int) -> int:
     return DNS_LABEL_MAX - longest
 
 
+# A group's pods by StatefulSet ordinal: the leader set's only pod is 0 and the
+# worker set's start at 1, so a worker's ordinal is its node rank.
+LEADER_ORDINAL = 0
+FIRST_WORKER_ORDINAL = 1
+
+
+def pod_name(set_name: str, ordinal: int) -> str:
+    return f"{set_name}-{ordinal}"
+
+
 def leader_pod_name(cluster: str, index: int) -> str:
-    return f"{leader_set_name(cluster, index)}-0"
+    return pod_name(leader_set_name(cluster, index), LEADER_ORDINAL)
 
 
 def leader_address(cluster: str, namespace: str, *, index: int) -> str:
