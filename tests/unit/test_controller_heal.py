@@ -31,15 +31,12 @@ POLICY = HealPolicy(
     backoff_max_seconds=60,
     max_restarts=3,
     window_seconds=600,
-    failure_threshold=3,
 )
-HUNG = Assessment(
-    Reason.HUNG, "canary timed out and no token was generated meanwhile", 3, True, False
-)
-REFUSED = Assessment(Reason.DEAD, "/health refused", 3, True, True)
-REFUSED_ONCE = Assessment(Reason.DEAD, "/health refused", 1, False, True)
-ONCE = Assessment(Reason.HUNG, "canary timed out", 1, False, False)
-OK = Assessment(Reason.HEALTHY, "passed", 0, False, False)
+HUNG = Assessment(Reason.HUNG, "canary timed out and no token was generated meanwhile", 3, 3, False)
+REFUSED = Assessment(Reason.DEAD, "/health refused", 3, 3, True)
+REFUSED_ONCE = Assessment(Reason.DEAD, "/health refused", 1, 3, True)
+ONCE = Assessment(Reason.HUNG, "canary timed out", 1, 3, False)
+OK = Assessment(Reason.HEALTHY, "passed", 0, 3, False)
 
 
 def healing(replicas: int, *, max_unavailable: int = 1, tensor: int = 4) -> Desired:
@@ -187,7 +184,7 @@ def test_replicas_failing_together_are_left_alone_though_they_reach_the_threshol
 
 
 def refused(consecutive: int) -> Assessment:
-    return Assessment(Reason.DEAD, "/health refused", consecutive, consecutive >= 3, True)
+    return Assessment(Reason.DEAD, "/health refused", consecutive, 3, True)
 
 
 def test_the_last_of_a_shared_outage_to_recover_is_not_restarted_for_the_outage() -> None:

@@ -16,7 +16,6 @@ POLICY = HealPolicy(
     backoff_max_seconds=300,
     max_restarts=3,
     window_seconds=600,
-    failure_threshold=3,
 )
 
 

@@ -98,7 +98,6 @@ class HealPolicy:
     backoff_max_seconds: float
     max_restarts: int
     window_seconds: float
-    failure_threshold: int  # spec.health.failureThreshold, as the health loop counts it
 
 
 @dataclass(frozen=True)
@@ -460,8 +459,7 @@ def heal(
     failing = {
         i: facts
         for i, facts in checked.items()
-        if facts[1].consecutive - after_outage.get(i, 0) >= policy.failure_threshold
-        or i in memory.sick
+        if facts[1].unhealthy_after(after_outage.get(i, 0)) or i in memory.sick
     }
     if set(after_outage) - set(failing):
         part.poll()  # the health loop wakes a pass on changes only, not on each count

@@ -92,7 +92,6 @@ def heal_policy(spec: VLLMClusterSpec) -> HealPolicy:
         backoff_max_seconds=float(health.restart_backoff.max_seconds),
         max_restarts=health.restart_budget.max_restarts,
         window_seconds=float(health.restart_budget.window_seconds),
-        failure_threshold=health.failure_threshold,
     )
 
 

@@ -48,12 +48,21 @@ class Assessment:
     reason: Reason
     detail: str
     consecutive: int
-    unhealthy: bool  # failed failure_threshold times in a row: restart it
+    threshold: int  # failureThreshold: failed this many checks in a row, restart it
     connection_level: bool  # the operator may be the one cut off
 
     @property
     def ok(self) -> bool:
         return self.reason is Reason.HEALTHY
+
+    @property
+    def unhealthy(self) -> bool:
+        return self.unhealthy_after(0)
+
+    def unhealthy_after(self, checks: int) -> bool:
+        """Failed threshold checks in a row, not counting the first `checks`
+        of this run of failures (those of a shared outage)."""
+        return self.consecutive - checks >= self.threshold
 
 
 @dataclass
@@ -85,7 +94,7 @@ class HealthTracker:
             reason=reason,
             detail=detail,
             consecutive=self.consecutive,
-            unhealthy=self.consecutive >= self.failure_threshold,
+            threshold=self.failure_threshold,
             connection_level=probe.health is Outcome.REFUSED,
         )
 
