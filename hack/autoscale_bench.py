@@ -44,6 +44,7 @@ import httpx
 import yaml
 
 from fleet_bench import FleetBench, testbed_for
+from shoal.api.spec import RouterSpec
 from shoal.bench.autoscale import (
     Phase,
     PhaseName,
@@ -62,7 +63,7 @@ from shoal.bench.autoscale import (
 from shoal.bench.autoscale_plot import plot_day
 from shoal.controller.autoscale import parse_router_demand
 from shoal.controller.names import COMPONENT_ROUTER, LABEL_COMPONENT, ROUTER_PORT
-from shoal.procs import ready_router, wait_until
+from shoal.procs import ready_routers, wait_until
 from shoal_testbed.cluster import DEFAULT_DIR, REPO, Testbed
 from warmup_bench import MODEL, Sample, one_request, system_prompt
 
@@ -80,10 +81,14 @@ def words(rng: random.Random, chars: int) -> str:
 
 
 class DayLoad:
-    """The day's requests at their offsets (open loop), in a thread with its own loop."""
+    """The day's requests at their offsets (open loop), in a thread with its own
+    loop, each to one of the router pods at random, as their Service (no session
+    affinity) splits them."""
 
-    def __init__(self, url: str, prompts: list[str], offsets: list[float], *, args: Any) -> None:
-        self.url, self.prompts, self.offsets = url, prompts, offsets
+    def __init__(
+        self, urls: list[str], prompts: list[str], offsets: list[float], *, args: Any
+    ) -> None:
+        self.urls, self.prompts, self.offsets = urls, prompts, offsets
         self.unique_chars, self.seed = args.unique_chars, args.seed
         self.max_tokens = args.output_tokens
         self.samples: list[Sample] = []
@@ -92,6 +97,7 @@ class DayLoad:
 
     async def _run(self) -> None:
         rng = random.Random(f"{self.seed}-prompts")
+        split = random.Random(f"{self.seed}-routers")
         tasks: set[asyncio.Task[None]] = set()
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
         async with httpx.AsyncClient(timeout=180, limits=limits) as client:
@@ -106,7 +112,11 @@ class DayLoad:
                 )
                 task = asyncio.create_task(
                     one_request(
-                        client, self.url, prompt, max_tokens=self.max_tokens, out=self.samples
+                        client,
+                        split.choice(self.urls),
+                        prompt,
+                        max_tokens=self.max_tokens,
+                        out=self.samples,
                     )
                 )
                 tasks.add(task)
@@ -195,6 +205,7 @@ def manifest(args: argparse.Namespace, mode: str, prompts: list[str]) -> dict[st
             "minReplicas": 1,
             "maxReplicas": args.peak_replicas,
             "targetPerReplica": args.target,
+            "scaleUpStabilizationSeconds": args.up_window,
             "scaleDownStabilizationSeconds": args.down_window,
             "idleSeconds": args.idle_seconds,
         }
@@ -230,13 +241,17 @@ def run(
             )
 
         wait_until(settled, what=f"{mode}: {wanted} replicas warm", timeout=300, interval=1)
-        url = wait_until(
-            lambda: ready_router(bench.pods(ns)), what=f"{mode}: the router Ready", timeout=120
-        )
+        routers = found_routers(bench, ns)
+
+        def all_ready() -> list[str] | None:
+            ready = ready_routers(bench.pods(ns))
+            return ready if len(ready) == routers else None
+
+        urls = wait_until(all_ready, what=f"{mode}: its {routers} routers Ready", timeout=120)
         if mode != "static":
             patch = json.dumps({"spec": {"autoscaling": {"minReplicas": 0}}})
             bench.kubectl("patch", "vllmcluster", NAME, "-n", ns, "--type=merge", "-p", patch)
-        load = DayLoad(url, prompts, offsets, args=args)
+        load = DayLoad(urls, prompts, offsets, args=args)
         load.start()
         replicas: list[tuple[float, int]] = []
         decisions: list[dict[str, Any]] = []  # the demand, and what the autoscaler asked for
@@ -258,7 +273,7 @@ def run(
         load.join(timeout=200)
         requests = [Request(sent=s.start - load.started_at, ttft=s.ttft) for s in load.samples]
         errors = sorted({s.error for s in load.samples if s.error})[:5]
-        from_zero = None if mode == "static" else wake(bench, ns, url, prompts)
+        from_zero = None if mode == "static" else wake(bench, ns, urls[0], prompts)
         return {
             "mode": mode,
             "requests": requests,
@@ -269,6 +284,12 @@ def run(
         }
     finally:
         bench.delete(ns)
+
+
+def found_routers(bench: Bench, ns: str) -> int:
+    """Router pods the cluster asks for (spec.router.replicas, defaulted)."""
+    spec = bench.cluster(ns)["spec"]
+    return int((spec.get("router") or {}).get("replicas", RouterSpec().replicas))
 
 
 def wake(bench: Bench, ns: str, url: str, prompts: list[str]) -> float | None:
@@ -304,6 +325,7 @@ def main() -> int:
     )
     parser.add_argument("--peak-replicas", type=int, default=3)
     parser.add_argument("--target", type=int, default=3, help="targetPerReplica (in flight)")
+    parser.add_argument("--up-window", type=int, default=0, help="up stabilization s")
     parser.add_argument("--down-window", type=int, default=15, help="down stabilization s")
     # Longer than the quiet phase's gaps between requests (Poisson at 0.15/s:
     # a 10 s gap is common, a 30 s one rare), or the fleet goes to zero then.
@@ -368,10 +390,10 @@ def report(args: argparse.Namespace, phases: list[Phase], raw: list[dict[str, An
         f"~{args.prefix_chars}-char system prompts + {args.unique_chars} chars each, "
         f"{args.output_tokens} tokens out, streamed; sim h100-llama3-8b at time scale "
         f"{args.time_scale:g}; autoscaled: "
-        f"0..{args.peak_replicas} replicas, target {args.target} in flight, down window "
-        f"{args.down_window} s, idle {args.idle_seconds} s; static: {args.peak_replicas} "
-        f"replicas. {args.repeat} repeat(s); median [range]. Load average at the end "
-        f"{load1:.1f} / {load5:.1f} on {os.cpu_count()} CPUs.",
+        f"0..{args.peak_replicas} replicas, target {args.target} in flight, up window "
+        f"{args.up_window} s, down window {args.down_window} s, idle {args.idle_seconds} s; "
+        f"static: {args.peak_replicas} replicas. {args.repeat} repeat(s); median [range]. "
+        f"Load average at the end {load1:.1f} / {load5:.1f} on {os.cpu_count()} CPUs.",
         "",
         table_text(table),
         "",

@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -107,14 +107,22 @@ def wait_http(url: str, *, timeout: float = 30.0, process: LocalProcess | None =
 def ready_router(pods: Iterable[Mapping[str, Any]]) -> str | None:
     """The URL of the first of these pods that is a shoal router answering
     /ready at its pod IP (where the testbed's pod runner serves it)."""
+    return next(_ready_routers(pods), None)
+
+
+def ready_routers(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The URLs of all of these pods that are shoal routers answering /ready."""
+    return list(_ready_routers(pods))
+
+
+def _ready_routers(pods: Iterable[Mapping[str, Any]]) -> Iterator[str]:
     for pod in pods:
         labels = (pod.get("metadata") or {}).get("labels") or {}
         ip = (pod.get("status") or {}).get("podIP")
         if labels.get(LABEL_COMPONENT) == COMPONENT_ROUTER and ip:
             url = f"http://{ip}:{ROUTER_PORT}"
             if http_status(url + "/ready") == 200:
-                return url
-    return None
+                yield url
 
 
 def wait_scraped(router: str, engines: Sequence[str], *, timeout: float = 10.0) -> None:
