@@ -324,8 +324,13 @@ def main() -> int:
         help="seconds of quiet, ramp, peak, fall and idle",
     )
     parser.add_argument("--peak-replicas", type=int, default=3)
-    parser.add_argument("--target", type=int, default=3, help="targetPerReplica (in flight)")
-    parser.add_argument("--up-window", type=int, default=0, help="up stabilization s")
+    # At the peak the static fleet carries 3-5 in flight per replica (requests
+    # last ~11 s at this time scale); target 3 kept the autoscaled fleet at its
+    # maximum from early in the ramp to late in the fall (run 3). A 4 s up
+    # window lets a quiet phase's Poisson burst pass without a replica that
+    # would be warm only after it (runs 4 on).
+    parser.add_argument("--target", type=int, default=5, help="targetPerReplica (in flight)")
+    parser.add_argument("--up-window", type=int, default=4, help="up stabilization s")
     parser.add_argument("--down-window", type=int, default=15, help="down stabilization s")
     # Longer than the quiet phase's gaps between requests (Poisson at 0.15/s:
     # a 10 s gap is common, a 30 s one rare), or the fleet goes to zero then.
