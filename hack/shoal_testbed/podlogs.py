@@ -26,7 +26,7 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
@@ -123,7 +123,7 @@ def end_run(container_dir: Path, run: int, *, restarting: bool) -> None:
 
 class Output:
     """Copies a process's stdout and stderr, record by record, into its CRI
-    log file and, as written, into the pod's plain log."""
+    log file and, a line per record, into the pod's plain log."""
 
     def __init__(self, *, cri_path: Path, plain_path: Path) -> None:
         self._lock = threading.Lock()
@@ -133,12 +133,15 @@ class Output:
         self._threads: list[threading.Thread] = []
         self._open_streams = 0
 
-    def follow(self, stream: Stream, pipe: IO[bytes]) -> None:
+    def follow(self, pipes: Mapping[Stream, IO[bytes]]) -> None:
+        # Every stream is counted before any copier starts: one that ends at
+        # once (a process that exits) must not close the files on the others.
         with self._lock:
-            self._open_streams += 1
-        thread = threading.Thread(target=self._copy, args=(stream, pipe), daemon=True)
-        thread.start()
-        self._threads.append(thread)
+            self._open_streams += len(pipes)
+        for stream, pipe in pipes.items():
+            thread = threading.Thread(target=self._copy, args=(stream, pipe), daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def _copy(self, stream: Stream, pipe: IO[bytes]) -> None:
         try:
@@ -148,7 +151,9 @@ class Output:
                     with self._lock:
                         self._cri.write(record)
                         self._cri.flush()
-                        self._plain.write(chunk)
+                        # A partial record ends its line here too, or the other
+                        # stream's next line would be glued onto it.
+                        self._plain.write(chunk if chunk.endswith(b"\n") else chunk + b"\n")
                         self._plain.flush()
         finally:
             with self._lock:
@@ -184,6 +189,5 @@ def start(
     )
     output = Output(cri_path=cri_path, plain_path=plain_path)
     assert process.stdout is not None and process.stderr is not None
-    output.follow(Stream.STDOUT, process.stdout)
-    output.follow(Stream.STDERR, process.stderr)
+    output.follow({Stream.STDOUT: process.stdout, Stream.STDERR: process.stderr})
     return process, output

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 
 from shoal_testbed import podlogs
@@ -91,3 +93,21 @@ def test_a_process_output_is_copied_to_its_cri_file_and_the_plain_log(tmp_path: 
     assert records == ["stderr F err", "stdout F out", "stdout P tail"]
     lines = plain.read_text().splitlines()
     assert lines[0].startswith("--- ") and sorted(lines[1:]) == ["err", "out", "tail"]
+
+
+def test_a_stream_that_ends_at_once_leaves_the_other_streams_copied(tmp_path: Path) -> None:
+    # A process that closes stdout at once (or exits while the runner is
+    # still attaching stderr) must not close the log files on stderr.
+    cri, plain = tmp_path / "0.log", tmp_path / "pod.log"
+    stdout_r, stdout_w = os.pipe()
+    stderr_r, stderr_w = os.pipe()
+    os.close(stdout_w)
+    output = podlogs.Output(cri_path=cri, plain_path=plain)
+    with open(stdout_r, "rb") as stdout, open(stderr_r, "rb") as stderr:
+        output.follow({Stream.STDOUT: stdout, Stream.STDERR: stderr})
+        time.sleep(0.2)  # the stdout copier has seen its end by now
+        os.write(stderr_w, b"late\n")
+        os.close(stderr_w)
+        output.drain()
+    assert [line.split(" ", 1)[1] for line in cri.read_text().splitlines()] == ["stderr F late"]
+    assert plain.read_text() == "late\n"
