@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shoal.api.flags import managed_pattern
-from shoal.api.spec import MAX_REPLICAS
-from shoal.api.validation import MAX_NAME_LENGTH, NAME_PATTERN
+from shoal.api.spec import API_KEY_ENV, MAX_REPLICAS
+from shoal.api.validation import MANAGED_ENV_MESSAGE, MAX_NAME_LENGTH, NAME_PATTERN
 from shoal.planner.presets import PRESETS, REPOSITORY_PRESETS
 
 
@@ -323,6 +323,12 @@ RULES: tuple[CelRule, ...] = (
             f"self.filter(arg, arg.replace('_', '-').matches('{_MANAGED}') || (arg == self[0] && "
             "!arg.startsWith('-')))",
         ),
+    ),
+    CelRule(
+        rule="managed-env",
+        location="engine.env",
+        expression=f"self.all(env, !has(env.name) || env.name != '{API_KEY_ENV}')",
+        message=MANAGED_ENV_MESSAGE,
     ),
     CelRule(
         rule="router-timeouts",

@@ -19,13 +19,23 @@ JsonDict = dict[str, JsonValue]
 PASS_THROUGH: JsonDict = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 
 
-def pass_through_list(max_items: int) -> JsonDict:
+def pass_through_list(max_items: int, items: JsonDict | None = None) -> JsonDict:
     return {
         "type": "array",
         "maxItems": max_items,
-        "items": PASS_THROUGH,
+        "items": items or PASS_THROUGH,
         "x-kubernetes-list-type": "atomic",
     }
+
+
+# An EnvVar kept as given, its name typed so that CEL rules can read it
+# (CEL sees no field of an object that only preserves unknown fields).
+ENV_VAR: JsonDict = {
+    **PASS_THROUGH,
+    "properties": {
+        "name": {"type": "string", "maxLength": 1024, "description": "Name of the variable."}
+    },
+}
 
 
 class PullSecret(ApiModel):

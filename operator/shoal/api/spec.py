@@ -15,6 +15,7 @@ from pydantic import Field
 from shoal.api.autoscaling import AutoscalingSpec
 from shoal.api.cache import ModelCache
 from shoal.api.pods import (
+    ENV_VAR,
     PASS_THROUGH,
     KubeObject,
     PodSettings,
@@ -32,6 +33,9 @@ DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
 DEFAULT_MAX_NUM_SEQS = 256
 # The most data-parallel replicas; the longest cluster name allowed depends on it.
 MAX_REPLICAS = 10000
+# The engines' API key: vLLM reads it when no --api-key is given; shoal sets it
+# from spec.engine.apiKeySecret, never from spec.engine.env.
+API_KEY_ENV = "VLLM_API_KEY"
 
 
 class SecretKeyRef(ApiModel):
@@ -284,8 +288,10 @@ class EngineSpec(ApiModel):
     )
     env: list[KubeObject] = Field(
         default_factory=list,
-        json_schema_extra=pass_through_list(128),
-        description="Environment variables of the engine container (Kubernetes EnvVar objects).",
+        json_schema_extra=pass_through_list(128, ENV_VAR),
+        description="Environment variables of the engine container (Kubernetes EnvVar "
+        f"objects). Not {API_KEY_ENV}: shoal sets it from apiKeySecret, so that the router "
+        "and the operator know the key too.",
     )
     resources: KubeObject | None = Field(
         default=None,

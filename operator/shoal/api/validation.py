@@ -18,7 +18,7 @@ from pydantic_core import ErrorDetails
 from shoal.api.capacity import RULE_FIELDS, layout_of, plan_spec
 from shoal.api.flags import refused_args
 from shoal.api.resource import VLLMCluster
-from shoal.api.spec import MAX_REPLICAS, VLLMClusterSpec
+from shoal.api.spec import API_KEY_ENV, MAX_REPLICAS, VLLMClusterSpec
 from shoal.controller.names import DNS_LABEL_MAX, max_cluster_name_length, worker_set_name
 from shoal.planner.plan import layout_refusals
 
@@ -27,6 +27,13 @@ from shoal.planner.plan import layout_refusals
 # the longest of them fits (controller.names.longest_derived_names).
 NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 MAX_NAME_LENGTH = max_cluster_name_length(max_index=MAX_REPLICAS - 1)
+# Set directly, the key would reach the engines but not the router (which
+# sends it) or the operator (whose canary and warm-up need it): every replica
+# would fail its checks with 401.
+MANAGED_ENV_MESSAGE = (
+    f"spec.engine.env must not set {API_KEY_ENV}: put the key in a Secret and name it in "
+    "spec.engine.apiKeySecret, so that the router and the operator send it too"
+)
 
 
 @dataclass(frozen=True)
@@ -241,6 +248,8 @@ def _engine(spec: VLLMClusterSpec) -> list[SpecError]:
         SpecError("spec.engine.extraArgs", str(refused), "managed-flags")
         for refused in refused_args(engine.extra_args)
     ]
+    if any(var.get("name") == API_KEY_ENV for var in engine.env):
+        errors.append(SpecError("spec.engine.env", MANAGED_ENV_MESSAGE, "managed-env"))
     return errors
 
 

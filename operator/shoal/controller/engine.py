@@ -12,7 +12,7 @@ import posixpath
 from typing import Any
 
 from shoal.api.capacity import resolve_architecture
-from shoal.api.spec import VLLMClusterSpec
+from shoal.api.spec import API_KEY_ENV, VLLMClusterSpec
 from shoal.controller import cache, placement
 from shoal.controller.identity import ClusterRef, Manifest, object_meta
 from shoal.controller.names import (
@@ -38,7 +38,6 @@ GiB = 1 << 30
 
 MODEL_MOUNT = "/models"
 HF_HOME = "/cache/huggingface"
-API_KEY_ENV = "VLLM_API_KEY"
 # vLLM answers /health only once the model is loaded; the startup probe's
 # budget (health.startupTimeoutSeconds) is spent in steps of this period.
 STARTUP_PROBE_PERIOD_SECONDS = 10
