@@ -45,7 +45,12 @@ if [[ -f "$out/.complete" ]]; then
   exit 0
 fi
 
-build_args=(--network host --layers=false --build-arg "BASE=$base")
+# RUN steps in a chroot, not an OCI container: crun refuses to create one on a
+# host whose cgroup v2 hierarchy has controllers while v1 hierarchies are also
+# mounted ("cgroups in hybrid mode not supported"), as this machine's hugetlb
+# can be. A build step needs no cgroup limits; the image is the same.
+isolation=(--isolation chroot)
+build_args=("${isolation[@]}" --network host --layers=false --build-arg "BASE=$base")
 # pip inside the build trusts what the host's pip trusts (a TLS-intercepting
 # proxy's CA, where there is one): mounted for the RUN only, not in the image.
 if [[ -f /etc/ssl/certs/ca-certificates.crt ]]; then
@@ -55,7 +60,7 @@ fi
 log "building $image from $base"
 buildah bud --quiet "${build_args[@]}" -f Dockerfile -t "$image" . >&2
 log "building $engine_image"
-buildah bud --quiet --layers=false --build-arg "SHOAL_IMAGE=$image" \
+buildah bud --quiet "${isolation[@]}" --layers=false --build-arg "SHOAL_IMAGE=$image" \
   -f hack/image/engine-sim.Dockerfile -t "$engine_image" . >&2
 
 rm -rf "$out"
