@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from shoal.api import API_VERSION, KIND
-from shoal.controller.autoscaler import SCALED_OBJECT_API, _targets
+from shoal.controller.autoscaler import SCALED_OBJECT_API, scales_cluster
 from shoal.controller.identity import ClusterRef
 from shoal.router.metrics import INFLIGHT, QUEUE_DEPTH
 
@@ -22,7 +22,7 @@ def test_the_keda_example_targets_the_cluster_on_the_routers_demand() -> None:
     assert scaled["apiVersion"] == SCALED_OBJECT_API and scaled["kind"] == "ScaledObject"
     target = scaled["spec"]["scaleTargetRef"]
     assert (target["apiVersion"], target["kind"]) == (API_VERSION, KIND)
-    assert _targets(scaled, ClusterRef(name=target["name"], namespace="ns", uid="u"))
+    assert scales_cluster(scaled, ClusterRef(name=target["name"], namespace="ns", uid="u"))
     [trigger] = scaled["spec"]["triggers"]
     query = trigger["metadata"]["query"]
     assert trigger["type"] == "prometheus"

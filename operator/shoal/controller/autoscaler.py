@@ -217,7 +217,7 @@ async def _other_scaler(
     """The HPA or ScaledObject targeting the cluster, if any (kind/name)."""
     hpas = await ctx.kube.list("autoscaling/v2", "HorizontalPodAutoscaler", ref.namespace, "")
     for hpa in hpas:
-        if _targets(hpa, ref):
+        if scales_cluster(hpa, ref):
             return f"HorizontalPodAutoscaler/{hpa['metadata']['name']}"
     if state.keda_missing:
         return None
@@ -229,12 +229,13 @@ async def _other_scaler(
         state.keda_missing = True  # KEDA not installed; its HPA would show above anyway
         return None
     for found in scaled:
-        if _targets(found, ref):
+        if scales_cluster(found, ref):
             return f"ScaledObject/{found['metadata']['name']}"
     return None
 
 
-def _targets(scaler: Mapping[str, Any], ref: ClusterRef) -> bool:
+def scales_cluster(scaler: Mapping[str, Any], ref: ClusterRef) -> bool:
+    """Whether an HPA or a ScaledObject targets the cluster's scale subresource."""
     target = (scaler.get("spec") or {}).get("scaleTargetRef") or {}
     return bool(target.get("kind") == KIND and target.get("name") == ref.name)
 
