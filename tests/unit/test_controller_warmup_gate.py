@@ -26,6 +26,7 @@ from shoal.controller.warming import (
     config_map_prompts,
     hot_prefix_prompts,
     inline_prompts,
+    merged_hot_prefixes,
     warmup_policy,
 )
 from shoal.warmup.prompts import Prompt
@@ -226,3 +227,16 @@ def test_status_shows_warming_then_serving_with_its_hit_ratio_or_held() -> None:
     [entry] = status["replicaStatuses"]
     assert entry["state"] == "Held"
     assert status["warmReplicas"] == 0
+
+
+def test_hot_prefixes_of_several_routers_are_merged_by_their_summed_counts() -> None:
+    """Two router pods, each with its share of the traffic: the one listed
+    first saw none of it. Before, the warm-up took the first answer (empty)."""
+    idle: dict[str, list[object]] = {"prefixes": []}
+    busy = {"prefixes": [{"prompt": "tenant a", "count": 3}, {"prompt": "tenant b", "count": 2}]}
+    other = {"prefixes": [{"prompt": "tenant b", "count": 4}]}
+    assert merged_hot_prefixes([idle, busy, None, other]) == [
+        Prompt(text="tenant b"),
+        Prompt(text="tenant a"),
+    ]
+    assert merged_hot_prefixes([idle, {"error": "disabled"}]) == []

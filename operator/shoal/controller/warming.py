@@ -68,14 +68,26 @@ def hot_prefix_prompts(answer: Any) -> list[Prompt]:
     to /v1/completions) or `messages` (sent to /v1/chat/completions, so the
     engine's chat template renders them as it renders the chat traffic).
     An entry of neither form is skipped."""
-    prefixes = answer.get("prefixes") if isinstance(answer, dict) else None
-    prompts = []
-    for prefix in prefixes or []:
-        try:
-            prompts.append(from_object(prefix))
-        except ValueError:
-            continue
-    return prompts
+    return merged_hot_prefixes([answer])
+
+
+def merged_hot_prefixes(answers: Iterable[Any]) -> list[Prompt]:
+    """Several routers' /hot-prefixes as one list, by their counts summed.
+    A Service splits the traffic, so each router sees only its share: the
+    first one to answer may have seen none of it."""
+    counts: dict[Prompt, float] = {}
+    for answer in answers:
+        prefixes = answer.get("prefixes") if isinstance(answer, dict) else None
+        for prefix in prefixes or []:
+            try:
+                prompt = from_object(prefix)
+            except ValueError:
+                continue
+            count = prefix.get("count") if isinstance(prefix, dict) else None
+            weight = count if isinstance(count, int | float) else 0
+            counts[prompt] = counts.get(prompt, 0) + weight
+    # Stable: equal counts keep the order the routers listed them in.
+    return sorted(counts, key=lambda prompt: -counts[prompt])
 
 
 class Warmups:
@@ -179,17 +191,17 @@ async def _prompts(
 
 
 async def _hot_prefixes(kube: KubeApi, ref: ClusterRef, *, http: httpx.AsyncClient) -> list[Prompt]:
-    """The first router pod that answers; none when no router is reachable."""
+    """Every router pod's hot prefixes, merged (`merged_hot_prefixes`); none
+    when no router answers."""
     pods = await kube.list("v1", "Pod", ref.namespace, selector_text(router_selector(ref.name)))
-    for pod in pods:
-        ip = (pod.get("status") or {}).get("podIP")
-        if not ip:
-            continue
-        url = base_url(ip, port=HOT_PREFIXES_PORT) + "/hot-prefixes"
-        try:
-            answer = await http.get(url, timeout=HOT_PREFIXES_TIMEOUT_SECONDS)
-            if answer.status_code == 200:
-                return hot_prefix_prompts(answer.json())
-        except (httpx.HTTPError, ValueError):
-            continue
-    return []
+    ips = [ip for pod in pods if (ip := (pod.get("status") or {}).get("podIP"))]
+    return merged_hot_prefixes(await asyncio.gather(*(_read_hot(ip, http=http) for ip in ips)))
+
+
+async def _read_hot(ip: str, *, http: httpx.AsyncClient) -> Any:
+    url = base_url(ip, port=HOT_PREFIXES_PORT) + "/hot-prefixes"
+    try:
+        answer = await http.get(url, timeout=HOT_PREFIXES_TIMEOUT_SECONDS)
+        return answer.json() if answer.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
