@@ -157,3 +157,16 @@ def test_a_replica_whose_engine_answers_is_never_left_unroutable(
             breaker.finish(breaker.start(now), OK, now)
         now += 0.5
     assert breaker.state(now) is CircuitState.CLOSED and breaker.allows(now)
+
+
+def test_the_probe_that_closed_it_failing_later_reopens_it_and_no_other_attempt_does() -> None:
+    breaker = CircuitBreaker(failure_threshold=1, open_seconds=10)
+    breaker.finish(breaker.start(0), FAILED, 0)
+    probe = breaker.start(10)
+    assert breaker.finish(probe, OK, 10)  # its first bytes: closed
+    after = breaker.start(11)  # a request of the closed epoch, still streaming
+    assert breaker.finish(probe, FAILED, 12)  # the probe's stream stalls
+    assert breaker.state(12) is CircuitState.OPEN
+    # The attempt that began while it was closed says nothing any more.
+    assert not breaker.finish(after, FAILED, 13)
+    assert breaker.state(22) is CircuitState.HALF_OPEN

@@ -132,16 +132,22 @@ def out_bound(spec: FaultSpec, settings: RouterSettings) -> float | None:
     return 2 * attempt_seconds(spec, settings) + 2 * _scrape_round(settings) + MARGIN_SECONDS
 
 
-def back_bound(spec: FaultSpec, settings: RouterSettings, *, request_seconds: float) -> float:
+def back_bound(
+    spec: FaultSpec, settings: RouterSettings, *, request_seconds: float, breaker_opened: bool
+) -> float:
     """How soon after the fault clears the replica must serve again: an
     attempt caught in flight by the clearing fails (one attempt's deadline),
     an open breaker turns half-open openSeconds after it, the scraper sees
     the engine (two rounds), and the probe is one request (`request_seconds`,
-    a healthy request's time) that must be sent there. A replica whose
-    attempts failed carries an error rate in its score that fades with a
-    half-life (`shoal.router.fleet.ERROR_HALF_LIFE`): under a light load it
-    draws requests again once that rate has fallen to a quarter."""
-    fading = 2 * ERROR_HALF_LIFE if spec.failing is not Failing.NOT else 0.0
+    a healthy request's time) that must be sent there. A half-open replica is
+    judged by its load alone, so the probe goes there like to any idle peer.
+
+    A replica whose attempts failed without opening its breaker carries an
+    error rate in its score instead, fading with a half-life
+    (`shoal.router.fleet.ERROR_HALF_LIFE`); it draws requests again once the
+    rate is within the policy's tie tolerance, for which the bound allows two
+    half-lives (such a replica failed only a few attempts, so its rate is low)."""
+    fading = 0.0 if breaker_opened or spec.failing is Failing.NOT else 2 * ERROR_HALF_LIFE
     return (
         fading
         + attempt_seconds(spec, settings)

@@ -5,6 +5,8 @@ passed in).
     OPEN --openSeconds pass--> HALF_OPEN (one probe may start)
     HALF_OPEN --the probe answers--> CLOSED
     HALF_OPEN --the probe fails--> OPEN
+    CLOSED --the probe that closed it fails after all (a stream that stalls
+             after its first bytes)--> OPEN
     HALF_OPEN --the probe ends without a verdict, or outlives probeSeconds--> HALF_OPEN
                 (the slot is free: the next request probes)
 
@@ -49,6 +51,9 @@ class CircuitBreaker:
     epoch: int = 0
     probe: int | None = None  # the ticket of the probe in flight
     probe_started: float = 0.0
+    # The ticket of the probe that closed it: its answer had begun, and its
+    # own later failure (a stalled stream) reopens the breaker.
+    trial: int | None = None
 
     def state(self, now: float) -> CircuitState:
         if self.opened_at is None:
@@ -81,11 +86,15 @@ class CircuitBreaker:
             self.probe = None
             if outcome is Outcome.OK:
                 self._close()
+                self.trial = ticket
                 return True
             if outcome is Outcome.FAILED:
                 self._open(now)
                 return True
             return False  # no verdict: the next request probes
+        if ticket == self.trial and self.opened_at is None and outcome is Outcome.FAILED:
+            self._open(now)
+            return True
         if ticket != self.epoch or self.opened_at is not None:
             return False  # started in an earlier state, or not closed
         if outcome is Outcome.OK:
@@ -101,6 +110,7 @@ class CircuitBreaker:
         self.epoch += 1
         self.opened_at = now
         self.probe = None
+        self.trial = None
 
     def _close(self) -> None:
         self.epoch += 1

@@ -14,7 +14,9 @@ A replica whose metrics cannot be read (a failing, hanging or unparseable
 scrape, or none for a while) has an unknown load: it stays routable and
 counts as busy, never as idle, so broken metrics alone neither take it out
 of rotation nor draw traffic to it. Its recent error rate adds to its load
-score, so a replica failing fast never looks idle either.
+score, so a replica failing fast never looks idle either; except once its
+breaker is half-open, so that its probe is sent (a probe that answers in
+full clears the rate).
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ class Replica:
     inflight: int = 0
     pending: float = 0.0  # estimated prompt tokens sent and not yet prefilled
     errors: float = 0.0  # recent error rate, 0 to 1
+    # The half-open probe that closed its breaker, while that attempt lasts:
+    # its error rate is cleared only once the probe ends without failing.
+    trial: int | None = None
     scrape_failing: bool = False  # the latest scrape failed: load unknown
 
     def __post_init__(self) -> None:
@@ -152,10 +157,19 @@ class Fleet:
             replica.errors -= ERROR_WEIGHT * replica.errors
         elif outcome is Outcome.FAILED:
             replica.errors += ERROR_WEIGHT * (1.0 - replica.errors)
-        replica.breaker.finish(ticket, outcome, time.monotonic())
+        changed = replica.breaker.finish(ticket, outcome, time.monotonic())
+        if changed and outcome is Outcome.OK:
+            replica.trial = ticket
+        elif ticket == replica.trial and outcome is Outcome.FAILED:
+            replica.trial = None  # the probe's stream broke after all: reopened
 
-    def end(self, replica: Replica) -> None:
-        """A request to replica ended."""
+    def end(self, replica: Replica, ticket: int) -> None:
+        """A request to replica (its ticket from `begin`) ended."""
+        if ticket == replica.trial:
+            # The probe answered in full: the failures it was probing for are
+            # over, and the replica is as trusted as its peers.
+            replica.trial = None
+            replica.errors = 0.0
         replica.inflight -= 1
         self._refresh(replica, time.monotonic())
         self.version += 1
@@ -168,9 +182,13 @@ class Fleet:
             self._views.pop(replica.id, None)
             return
         load = self._load(replica, now)
+        # A half-open replica is judged by its load alone: its error rate is
+        # what opened the breaker, and would keep the probe away (at light
+        # load nothing spills onto it) until it had faded.
+        errors = replica.errors if replica.breaker.opened_at is None else 0.0
         self._views[replica.id] = Candidate(
             replica.id,
-            load.score + replica.errors,
+            load.score + errors,
             load.saturated,
             replica.inflight,
             0.0,

@@ -560,7 +560,7 @@ class Proxy:
             prefilled()
             if verdict is not None:
                 self.fleet.verdict(replica, ticket, verdict)
-            self.fleet.end(replica)
+            self.fleet.end(replica, ticket)
             self.inflight -= 1
             series.inflight.set(replica.inflight)
             series.circuit.set(int(replica.breaker.state(time.monotonic())))
