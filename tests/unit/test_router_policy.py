@@ -148,6 +148,17 @@ def test_cache_aware_prefers_the_warm_replica_within_bounded_load() -> None:
     assert chooser.choose(fleet([0.1, 0.9, 0.1], [0.0, 0.9, 0.0]), prompt(42)).replica != "r1"  # type: ignore[union-attr]
 
 
+def test_a_lightly_loaded_holder_keeps_its_prefix_by_default() -> None:
+    """Five requests on the holder of a hot prompt, two on each other replica:
+    light load, so the prompt stays where it is cached (measured beside smg, a
+    spill at this load cost hits: docs/benchmarks.md). Fails with a floor of 4."""
+    chooser = Chooser(RouterConfig())
+    candidates = [Candidate("r0", 0.1, False, 5, 1.0, requests=5)] + [
+        Candidate(f"r{i}", 0.04, False, 2, 0.0, requests=2) for i in (1, 2, 3)
+    ]
+    assert chooser.choose(candidates, prompt(7, 3000)).replica == "r0"  # type: ignore[union-attr]
+
+
 def test_cache_aware_weighs_prefill_queued_ahead_against_the_hit() -> None:
     """A warm replica with a long prefill queued from this router loses to a
     cold idle one once the queue costs more than the prompt would."""

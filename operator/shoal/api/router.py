@@ -86,12 +86,16 @@ class RouterThresholds(ApiModel):
         "(1 + epsilon) times the mean of requests (running and waiting), so one hot prefix "
         "cannot pin all traffic to one replica.",
     )
+    # 16, not 4: measured beside smg (docs/benchmarks.md), a floor of 4 spilled
+    # a hot tenant at a fair share of light load, and under KV pressure each
+    # spill evicted another tenant's prompt; the cost already prices a busy holder.
     bounded_load_min_requests: int = Field(
-        default=4,
+        default=16,
         ge=1,
         le=100000,
         description="Bounded load allows at least this many requests on a replica, so "
-        "affinity holds while the fleet is nearly idle.",
+        "affinity holds while the fleet is lightly loaded (below it, the prefill queued "
+        "and the scraped load alone keep a busy holder from taking more).",
     )
     tie_tolerance: float = Field(
         default=0.05,
