@@ -23,6 +23,7 @@ Definitions (every time in seconds from the fault, or from its clearing):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum, StrEnum
@@ -34,6 +35,9 @@ from shoal.router.fleet import ERROR_HALF_LIFE
 # Slack on every bound for a loaded machine (2 cores shared by many runs):
 # the bounds check that a replica comes back at all, promptly, not speed.
 MARGIN_SECONDS = 1.5
+# A tie tolerance of 0 would leave a scored-down replica out until others are
+# busier: the bound counts it as this.
+MIN_TOLERANCE = 0.01
 
 
 class Fault(StrEnum):
@@ -143,11 +147,15 @@ def back_bound(
     judged by its load alone, so the probe goes there like to any idle peer.
 
     A replica whose attempts failed without opening its breaker carries an
-    error rate in its score instead, fading with a half-life
-    (`shoal.router.fleet.ERROR_HALF_LIFE`); it draws requests again once the
-    rate is within the policy's tie tolerance, for which the bound allows two
-    half-lives (such a replica failed only a few attempts, so its rate is low)."""
-    fading = 0.0 if breaker_opened or spec.failing is Failing.NOT else 2 * ERROR_HALF_LIFE
+    error rate in its cost instead (times loadTokens), fading with a half-life
+    (`shoal.router.fleet.ERROR_HALF_LIFE`). Under a light load nothing else
+    sets the replicas apart, so it draws requests again once the rate is
+    within the policy's tie tolerance, from at most 1: log2(1 / tieTolerance)
+    half-lives."""
+    fading = 0.0
+    if not breaker_opened and spec.failing is not Failing.NOT:
+        tolerance = max(settings.thresholds.tie_tolerance, MIN_TOLERANCE)
+        fading = ERROR_HALF_LIFE * math.log2(1 / tolerance)
     return (
         fading
         + attempt_seconds(spec, settings)
