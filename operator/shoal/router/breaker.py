@@ -106,6 +106,14 @@ class CircuitBreaker:
                 return True
         return False
 
+    def passed(self, ticket: int) -> bool:
+        """An attempt ended: True when it was the probe that closed the
+        breaker and it did not fail after all (its trial is over)."""
+        if ticket != self.trial:
+            return False
+        self.trial = None
+        return True
+
     def _open(self, now: float) -> None:
         self.epoch += 1
         self.opened_at = now

@@ -62,9 +62,6 @@ class Replica:
     inflight: int = 0
     pending: float = 0.0  # estimated prompt tokens sent and not yet prefilled
     errors: float = 0.0  # recent error rate, 0 to 1
-    # The half-open probe that closed its breaker, while that attempt lasts:
-    # its error rate is cleared only once the probe ends without failing.
-    trial: int | None = None
     scrape_failing: bool = False  # the latest scrape failed: load unknown
 
     def __post_init__(self) -> None:
@@ -157,18 +154,13 @@ class Fleet:
             replica.errors -= ERROR_WEIGHT * replica.errors
         elif outcome is Outcome.FAILED:
             replica.errors += ERROR_WEIGHT * (1.0 - replica.errors)
-        changed = replica.breaker.finish(ticket, outcome, time.monotonic())
-        if changed and outcome is Outcome.OK:
-            replica.trial = ticket
-        elif ticket == replica.trial and outcome is Outcome.FAILED:
-            replica.trial = None  # the probe's stream broke after all: reopened
+        replica.breaker.finish(ticket, outcome, time.monotonic())
 
     def end(self, replica: Replica, ticket: int) -> None:
         """A request to replica (its ticket from `begin`) ended."""
-        if ticket == replica.trial:
+        if replica.breaker.passed(ticket):
             # The probe answered in full: the failures it was probing for are
             # over, and the replica is as trusted as its peers.
-            replica.trial = None
             replica.errors = 0.0
         replica.inflight -= 1
         self._refresh(replica, time.monotonic())
