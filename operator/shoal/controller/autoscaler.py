@@ -110,7 +110,6 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
         # more than a round): without this the same scale was made again.
         current = state.set_to[0]
     existing = status.get("replicas")
-    now = time.monotonic()
     other = await _other_scaler(ctx, ref, state)
     if other is not None:
         decision = ScaleDecision(
@@ -128,8 +127,10 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
         routers = sum(1 for found in scrapes.values() if found is not None)
         demand, state.answered = total_demand(scrapes, state.answered)
         in_flight = in_flight_by_replica(scrapes)
+        # Stamped when the demand was seen, not when the round began: the
+        # down window counts from the last high reading itself.
         decision = decide_scale(
-            policy, demand=demand, current=current, memory=state.memory, now=now
+            policy, demand=demand, current=current, memory=state.memory, now=time.monotonic()
         )
         state.memory = decision.memory
     scaled_at = (state.written or {}).get("lastScaleTime")
