@@ -180,6 +180,18 @@ def test_cache_aware_weighs_prefill_queued_ahead_against_the_hit() -> None:
     assert {chooser.choose(busy, prompt(k, 100)).replica for k in range(32)} == {"r1"}  # type: ignore[union-attr]
 
 
+def test_hit_weight_keeps_a_prompt_with_its_cache_against_more_queued_work() -> None:
+    """A cached token counted twice: the warm replica keeps the prompt with a
+    queue that sends it to the idle one at the default weight of 1."""
+    candidates = [
+        Candidate("r0", 0.0, False, 1, 1.0, pending=3000, requests=1),
+        Candidate("r1", 0.0, False, 0, 0.0),
+    ]
+    weighted = RouterConfig.model_validate({"thresholds": {"hitWeight": 2.0}})
+    assert Chooser(RouterConfig()).choose(candidates, prompt(5, 2000)).replica == "r1"  # type: ignore[union-attr]
+    assert Chooser(weighted).choose(candidates, prompt(5, 2000)).replica == "r0"  # type: ignore[union-attr]
+
+
 def test_cold_prompts_spread_by_the_prefill_they_queue() -> None:
     """A burst of distinct cold prompts (nothing finishes meanwhile) lands
     evenly by prefill work, whatever their hashes say."""

@@ -48,7 +48,13 @@ def test_every_router_setting_is_in_the_crd_with_an_explanation() -> None:
     router = _schema_at(crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"], "spec.router")
     names = _leaf_fields(RouterSettings)
     # cache-aware's own knobs, which could not be set from a VLLMCluster before.
-    for knob in ("loadTokens", "tieTolerance", "boundedLoadMinRequests", "charsPerToken"):
+    for knob in (
+        "loadTokens",
+        "tieTolerance",
+        "boundedLoadMinRequests",
+        "charsPerToken",
+        "hitWeight",
+    ):
         assert f"thresholds.{knob}" in names
     for dotted in names:
         assert _schema_at(router, dotted).get("description"), dotted

@@ -71,6 +71,15 @@ class RouterThresholds(ApiModel):
         description="cache-aware: prompt tokens of prefill that a fully loaded replica "
         "(load score 1) is worth, times beta, when weighing load against cache hits.",
     )
+    hit_weight: float = Field(
+        default=1.0,
+        ge=0,
+        le=10,
+        description="cache-aware: prefill tokens a cached prompt token is worth in the cost "
+        "(1: exactly the prefill it saves; above 1 a prompt stays where its prefix is cached "
+        "against more queued work, since placing it elsewhere also evicts another prompt "
+        "from that replica's KV cache).",
+    )
     chars_per_token: float = Field(
         default=4.0,
         gt=0,

@@ -189,7 +189,7 @@ class Chooser:
         # Cost in prompt tokens, less the prompt's own length (the same for
         # every replica). Tuple unpacking: attribute access per candidate
         # would cost a third of the decision-time budget at 64 replicas.
-        covered = facts.prefix_tokens
+        covered = facts.prefix_tokens * config.thresholds.hit_weight
         load_tokens = config.thresholds.beta * config.thresholds.load_tokens
         costs = [
             pending - hit * covered + load_tokens * load
