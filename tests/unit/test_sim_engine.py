@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import looptime
 import pytest
 
 from shoal.sim.config import EngineConfig
@@ -29,7 +30,13 @@ TINY = EngineConfig(
 )
 
 
-def run(body: Callable[[Engine], Awaitable[T]], config: EngineConfig = TINY) -> T:
+def run(
+    body: Callable[[Engine], Awaitable[T]], config: EngineConfig = TINY, *, fake_time: bool = False
+) -> T:
+    """The body against a started engine; with fake_time on an event loop whose
+    clock moves only when every task waits (looptime), so what is measured is
+    the engine's own time-keeping, not how busy this machine is."""
+
     async def main() -> T:
         engine = Engine(dataclasses.replace(config, faults=Faults()))
         engine.start()
@@ -38,7 +45,12 @@ def run(body: Callable[[Engine], Awaitable[T]], config: EngineConfig = TINY) -> 
         finally:
             await engine.stop()
 
-    return asyncio.run(main())
+    if not fake_time:
+        return asyncio.run(main())
+    with asyncio.Runner(
+        loop_factory=lambda: looptime.new_event_loop(start=0, _enabled=True)
+    ) as runner:
+        return runner.run(main())
 
 
 def counter(engine: Engine, name: str) -> float:
@@ -141,8 +153,10 @@ def test_a_dead_engine_fails_its_requests() -> None:
 
 def test_step_time_follows_the_profile_and_time_scale() -> None:
     """500 decode steps of one sequence at 20x: the h100 model says 6.08 ms
-    each (6 + 0.08), so ~3 s simulated in ~150 ms real. (At much higher scales
-    a step's ~40 us of Python work outlasts the step and time stretches.)"""
+    each (6 + 0.08), so ~3 s simulated
+    in ~150 ms of loop time. On fake time: on the wall clock a busy machine
+    stretched the steps past the tolerance (a CI flake); how far real time
+    keeps up is the benchmarks' to measure."""
     config = dataclasses.replace(
         TINY, profile=PROFILES["h100-llama3-8b"], kv_cache_memory_bytes=None, time_scale=20.0
     )
@@ -154,8 +168,8 @@ def test_step_time_follows_the_profile_and_time_scale() -> None:
         assert seq.first_token is not None and seq.last_token is not None
         return (seq.last_token - seq.first_token) / 500
 
-    per_step = run(body, config)
-    assert per_step == pytest.approx(0.00608, rel=0.15)
+    per_step = run(body, config, fake_time=True)
+    assert per_step == pytest.approx(0.00608, rel=1e-3)
 
 
 def test_a_slow_reader_still_gets_every_token_and_the_finish() -> None:
