@@ -161,7 +161,8 @@ def test_a_lightly_loaded_holder_keeps_its_prefix_by_default() -> None:
 
 def test_cache_aware_weighs_prefill_queued_ahead_against_the_hit() -> None:
     """A warm replica with a long prefill queued from this router loses to a
-    cold idle one once the queue costs more than the prompt would."""
+    cold idle one once the queue costs more than its cached prompt is worth
+    (hitWeight x its tokens: 4,000 by default)."""
     chooser = Chooser(RouterConfig())
 
     def with_pending(pending: float) -> list[Candidate]:
@@ -171,7 +172,7 @@ def test_cache_aware_weighs_prefill_queued_ahead_against_the_hit() -> None:
         ]
 
     assert chooser.choose(with_pending(200), prompt(5, 2000)).replica == "r0"  # type: ignore[union-attr]
-    assert chooser.choose(with_pending(4000), prompt(5, 2000)).replica == "r1"  # type: ignore[union-attr]
+    assert chooser.choose(with_pending(5000), prompt(5, 2000)).replica == "r1"  # type: ignore[union-attr]
     # A short request stays clear of a replica busy prefilling a long prompt.
     busy = [
         Candidate("r0", 0.0, False, 1, 0.0, pending=6000, requests=1),
@@ -181,15 +182,15 @@ def test_cache_aware_weighs_prefill_queued_ahead_against_the_hit() -> None:
 
 
 def test_hit_weight_keeps_a_prompt_with_its_cache_against_more_queued_work() -> None:
-    """A cached token counted twice: the warm replica keeps the prompt with a
-    queue that sends it to the idle one at the default weight of 1."""
+    """A cached token counted twice (the default): the warm replica keeps the
+    prompt with a queue that sends it to the idle one at a weight of 1."""
     candidates = [
         Candidate("r0", 0.0, False, 1, 1.0, pending=3000, requests=1),
         Candidate("r1", 0.0, False, 0, 0.0),
     ]
-    weighted = RouterConfig.model_validate({"thresholds": {"hitWeight": 2.0}})
-    assert Chooser(RouterConfig()).choose(candidates, prompt(5, 2000)).replica == "r1"  # type: ignore[union-attr]
-    assert Chooser(weighted).choose(candidates, prompt(5, 2000)).replica == "r0"  # type: ignore[union-attr]
+    plain = RouterConfig.model_validate({"thresholds": {"hitWeight": 1.0}})
+    assert Chooser(plain).choose(candidates, prompt(5, 2000)).replica == "r1"  # type: ignore[union-attr]
+    assert Chooser(RouterConfig()).choose(candidates, prompt(5, 2000)).replica == "r0"  # type: ignore[union-attr]
 
 
 def test_cold_prompts_spread_by_the_prefill_they_queue() -> None:

@@ -71,8 +71,11 @@ class RouterThresholds(ApiModel):
         description="cache-aware: prompt tokens of prefill that a fully loaded replica "
         "(load score 1) is worth, times beta, when weighing load against cache hits.",
     )
+    # 2, not 1: measured beside smg (docs/benchmarks.md, session 13), a cached
+    # token counted twice kept 1.5-2.3 points more hits at 15-60/s, and a lower
+    # mean TTFT, since a prompt placed elsewhere also evicts another from there.
     hit_weight: float = Field(
-        default=1.0,
+        default=2.0,
         ge=0,
         le=10,
         description="cache-aware: prefill tokens a cached prompt token is worth in the cost "
