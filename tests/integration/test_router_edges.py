@@ -137,7 +137,7 @@ def test_broken_metrics_count_as_full_load_but_never_cause_an_outage(tmp_path: P
 def test_hot_prefixes_are_served_on_the_internal_port_only(tmp_path: Path) -> None:
     internal = free_port()
     shared = "You are the support assistant of ACME. Answer briefly and kindly. " * 6
-    config = {"hotPrefixes": {"enabled": True, "maxPrefixes": 4}, "hotPrefixesPort": internal}
+    config = {"hotPrefixes": {"enabled": True, "maxPrefixes": 4}, "internalPort": internal}
     with sims(1, tmp_path) as urls, router(urls, tmp_path, config=config) as front:
         for i in range(5):
             assert (

@@ -144,7 +144,7 @@ def test_chat_hot_prefixes_warm_what_chat_requests_hit(tmp_path: Path) -> None:
         return {"model": MODEL, "messages": messages, "max_tokens": 1}
 
     internal = free_port()
-    config = {"hotPrefixes": {"enabled": True}, "hotPrefixesPort": internal}
+    config = {"hotPrefixes": {"enabled": True}, "internalPort": internal}
     with sims(2, tmp_path) as (serving, fresh), router([serving], tmp_path, config=config) as front:
         for i in range(4):
             answer = httpx.post(front + "/v1/chat/completions", json=chat(f"Q{i}?"), timeout=30)

@@ -62,7 +62,7 @@ def test_every_router_setting_is_in_the_crd_with_an_explanation() -> None:
 
 def test_router_json_carries_only_what_the_resource_or_the_process_decides() -> None:
     extra = set(RouterConfig.model_fields) - set(RouterSettings.model_fields)
-    assert extra == {"max_num_seqs", "api_key_file", "engine_key_file", "hot_prefixes_port"}
+    assert extra == {"max_num_seqs", "api_key_file", "engine_key_file", "internal_port"}
 
 
 def test_the_policy_of_spec_router_is_the_routers_enum() -> None:

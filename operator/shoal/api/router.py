@@ -20,9 +20,9 @@ from pydantic import Field
 from shoal.schema.model import ApiModel
 from shoal.schema.quantity import Quantity, parse_quantity
 
-# The router's internal port for its hot prefixes (warm-up reads it from the
-# router pods; it is never in the Service).
-HOT_PREFIXES_PORT = 9090
+# The router's internal port: its hot prefixes (warm-up reads them from the
+# router pods) and its placements (its peers read them). Never in the Service.
+INTERNAL_PORT = 9090
 # Scrapes may take most of an interval; metrics older than a few intervals
 # (and never under 2 s) count as full load.
 _SCRAPE_TIMEOUT_SHARE = 0.8
@@ -339,6 +339,14 @@ class RouterSettings(ApiModel):
     )
     tracing: RouterTracing = Field(default_factory=RouterTracing)
     hot_prefixes: HotPrefixes = Field(default_factory=HotPrefixes)
+    share_placements: bool = Field(
+        default=True,
+        description="With several router replicas: each tells the others, on its internal "
+        "port, which replica it sent each prompt to, so a conversation whose turns reach "
+        "different routers keeps the replica that caches its history (best effort: a peer "
+        "that is down costs hits, never requests). Off: each router learns only from its "
+        "own requests.",
+    )
     api_key_reload_seconds: int = Field(
         default=10,
         ge=1,

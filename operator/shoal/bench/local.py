@@ -78,6 +78,7 @@ class LocalFleet:
     routers: list[str] = field(default_factory=list)
     router_flags: list[str] = field(default_factory=list)
     _processes: list[LocalProcess] = field(default_factory=list)
+    _internal_ports: list[int] = field(default_factory=list)
 
     @property
     def router(self) -> str:
@@ -105,6 +106,8 @@ class LocalFleet:
         self._processes.append(sim)
         self.engines = list(sim.urls)
         sim.wait_http("/health", timeout=STARTUP_SECONDS)
+        # Each shoal router's internal port, where its peers read its placements.
+        self._internal_ports = free_ports(self.router_replicas)
         started = [self._start_router(i) for i in range(self.router_replicas)]
         for router in started:
             self._wait_router(router)
@@ -119,11 +122,19 @@ class LocalFleet:
             process = start_peer(peer, engines=self.engines, log=log)
         else:
             self.router_flags = ["--config", "router.json (the operator's, see router_config)"]
-            process = start_router(
-                log=log,
-                config={**self.router_config, "policy": self.policy, "replicaHeader": True},
-                endpoints=self.engines,
-            )
+            config: dict[str, Any] = {
+                **self.router_config,
+                "policy": self.policy,
+                "replicaHeader": True,
+            }
+            args: list[str] = []
+            if self.router_replicas > 1:
+                # As the operator deploys them: each reads the others' placements.
+                config["internalPort"] = self._internal_ports[index]
+                peers = [p for i, p in enumerate(self._internal_ports) if i != index]
+                args = ["--peers", ",".join(f"http://{HOST}:{port}" for port in peers)]
+                self.router_flags += ["--peers", "(the other routers' internal ports)"]
+            process = start_router(log=log, config=config, endpoints=self.engines, args=args)
         self._processes.append(process)
         return process
 

@@ -9,6 +9,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from shoal.api.router import INTERNAL_PORT
 from shoal.api.spec import VLLMClusterSpec
 from shoal.controller.identity import ClusterRef, Manifest, object_meta
 from shoal.controller.names import (
@@ -20,6 +21,7 @@ from shoal.controller.names import (
     leader_selector_text,
     router_name,
     router_selector,
+    selector_text,
 )
 from shoal.controller.pods import with_pod_settings
 from shoal.router.config import RouterConfig
@@ -163,6 +165,11 @@ def build_router_deployment(
         "--engine-port",
         str(ENGINE_PORT),
     ]
+    env: list[dict[str, Any]] = []
+    if router.share_placements:
+        # The other router pods, whose placements this one reads; itself left out by name.
+        args += ["--peer-selector", selector_text(router_selector(ref.name))]
+        env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5}
     mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
     volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": name}}]
@@ -181,7 +188,11 @@ def build_router_deployment(
         "image": image,
         "command": ["shoal"],
         "args": args,
-        "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
+        "ports": [
+            {"name": "http", "containerPort": ROUTER_PORT},
+            # Hot prefixes and placements, for the operator and the other routers.
+            {"name": "internal", "containerPort": INTERNAL_PORT},
+        ],
         "readinessProbe": probe,
         "livenessProbe": {**probe, "failureThreshold": 3},
         # Liveness waits until the router listens: on a busy node its start
@@ -190,6 +201,8 @@ def build_router_deployment(
         "startupProbe": {**probe, "periodSeconds": 2, "failureThreshold": 90},
         "volumeMounts": mounts,
     }
+    if env:
+        container["env"] = env
     if router.resources:
         container["resources"] = dict(router.resources)
     labels = _labels(ref)

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import yaml
 
-from shoal.api.router import HOT_PREFIXES_PORT
+from shoal.api.router import INTERNAL_PORT
 from shoal.api.spec import VLLMClusterSpec, WarmupPrompt
 from shoal.controller.decide import WarmupOutcome, WarmupPolicy
 from shoal.controller.engine import served_model_name
@@ -199,7 +199,7 @@ async def _hot_prefixes(kube: KubeApi, ref: ClusterRef, *, http: httpx.AsyncClie
 
 
 async def _read_hot(ip: str, *, http: httpx.AsyncClient) -> Any:
-    url = base_url(ip, port=HOT_PREFIXES_PORT) + "/hot-prefixes"
+    url = base_url(ip, port=INTERNAL_PORT) + "/hot-prefixes"
     try:
         answer = await http.get(url, timeout=HOT_PREFIXES_TIMEOUT_SECONDS)
         return answer.json() if answer.status_code == 200 else None

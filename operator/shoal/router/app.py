@@ -27,6 +27,8 @@ from shoal.router.heap import settle
 from shoal.router.hot import HotPrefixes
 from shoal.router.keys import KeyFile
 from shoal.router.metrics import RouterMetrics
+from shoal.router.placements import PLACEMENTS_PATH, WAIT_SECONDS, PeerSync, PlacementLog, encode
+from shoal.router.prefix import checkpoints
 from shoal.router.proxy import Proxy
 from shoal.router.routes import register as register_routes
 from shoal.router.scrape import Scraper
@@ -43,6 +45,16 @@ class Discovery:
     namespace: str | None = None
     selector: str | None = None
     engine_port: int = 8000
+    # The other router replicas, whose placements this one reads: a static list
+    # of their internal ports' URLs, or their pods by label (this pod, by
+    # name, left out).
+    peers: list[str] = field(default_factory=list)
+    peer_selector: str | None = None
+    pod_name: str | None = None
+
+    @property
+    def has_peers(self) -> bool:
+        return bool(self.peers or self.peer_selector)
 
 
 class Router:
@@ -71,12 +83,21 @@ class Router:
             if hot.enabled
             else None
         )
+        # Kept only for peers to read: a lone router keeps nothing.
+        sharing = config.share_placements and discovery.has_peers
+        self.placements = PlacementLog() if sharing else None
+        self.peer_sync = PeerSync(
+            record=self.fleet.index.record,
+            max_hashes=len(checkpoints(config.thresholds.max_prefix_blocks)),
+            received=self.metrics.peer_placements.inc,
+        )
         self.proxy = Proxy(
             config=config,
             fleet=self.fleet,
             metrics=self.metrics,
             api_keys=key_file.keys if key_file else [],
             hot=self.hot,
+            placements=self.placements,
         )
         if engine_key_file is not None:
             self.proxy.set_engine_key(engine_key_file.keys[0])
@@ -123,8 +144,29 @@ class Router:
             )
             self._tasks.append(asyncio.get_running_loop().create_task(watcher.run()))
         self._tasks.append(asyncio.get_running_loop().create_task(self.scraper.run()))
+        if self.placements is not None:
+            self._follow_peers()
         if self.key_file is not None or self.engine_key_file is not None:
             self._tasks.append(asyncio.get_running_loop().create_task(self._reload_keys()))
+
+    def _follow_peers(self) -> None:
+        if self.discovery.peers:
+            self._set_peers(self.discovery.peers)
+        elif self.discovery.peer_selector:
+            assert self.discovery.namespace
+            watcher = PodWatcher(
+                namespace=self.discovery.namespace,
+                selector=self.discovery.peer_selector,
+                engine_port=self.config.internal_port,
+                publish=lambda pods: self._set_peers(
+                    [p.url for p in pods if p.name != self.discovery.pod_name]
+                ),
+            )
+            self._tasks.append(asyncio.get_running_loop().create_task(watcher.run()))
+
+    def _set_peers(self, urls: list[str]) -> None:
+        self.peer_sync.set_peers(url.rstrip("/") for url in urls)
+        self.metrics.peers.set(len(self.peer_sync.peers))
 
     async def _reload_keys(self) -> None:
         while True:
@@ -139,6 +181,7 @@ class Router:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.peer_sync.close()
         await self.proxy.close()
         if self.tracing is not None:
             self.tracing.shutdown()  # exports the spans still batched
@@ -146,6 +189,8 @@ class Router:
     async def drain(self) -> None:
         """Stop being Ready, then let in-flight requests finish (bounded)."""
         self.draining = True
+        if self.placements is not None:
+            self.placements.close()
         deadline = time.monotonic() + self.config.drain_seconds
         while self.proxy.inflight + self.proxy.waiting > 0 and time.monotonic() < deadline:  # noqa: ASYNC110 - polled, bounded
             await asyncio.sleep(0.1)
@@ -228,9 +273,30 @@ class Router:
         app.router.add_route("*", "/{tail:.*}", _not_found)
         return app
 
+    async def placements_endpoint(self, request: web.Request) -> web.Response:
+        """This router's placements after a cursor, for its peers: waits up to
+        `wait` seconds (at most WAIT_SECONDS) for one when none is new."""
+        if self.placements is None:
+            return error_response(404, "Sharing placements is off (sharePlacements).")
+        query = request.query
+        try:
+            after = max(int(query.get("after", "0")), 0)
+            wait = min(max(float(query.get("wait", "0")), 0.0), WAIT_SECONDS)
+        except ValueError:
+            return error_response(400, "after must be an integer, wait a number of seconds.")
+        epoch = query.get("epoch")
+        if wait > 0:
+            await self.placements.wait(epoch, after, wait)
+        return web.json_response(encode(self.placements, epoch, after))
+
+    @property
+    def serves_internal(self) -> bool:
+        return self.hot is not None or self.placements is not None
+
     def internal_app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/hot-prefixes", guarded(self.hot_prefixes))
+        app.router.add_get(PLACEMENTS_PATH, guarded(self.placements_endpoint))
         return app
 
 
@@ -257,10 +323,10 @@ async def serve(router: Router, *, host: str, port: int) -> None:
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     runners: list[web.AppRunner] = [runner]
-    if router.hot is not None:
+    if router.serves_internal:
         internal = web.AppRunner(router.internal_app(), access_log=None)
         await internal.setup()
-        await web.TCPSite(internal, host, router.config.hot_prefixes_port).start()
+        await web.TCPSite(internal, host, router.config.internal_port).start()
         runners.append(internal)
     settle()  # everything built so far lives as long as the process
     log.info("router listening on %s:%d (policy %s)", host, port, router.config.policy)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 import uvloop
@@ -34,6 +35,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--namespace", help="namespace of the pods (with --kubernetes)")
     parser.add_argument("--selector", help="label selector of the leader pods")
     parser.add_argument("--engine-port", type=int, default=8000)
+    peers = parser.add_mutually_exclusive_group()
+    peers.add_argument(
+        "--peers",
+        help="the other router replicas' internal URLs (http://host:internalPort), comma "
+        "separated, whose placements this router reads (sharePlacements)",
+    )
+    peers.add_argument(
+        "--peer-selector",
+        help="label selector of the other router replicas' pods (with --kubernetes)",
+    )
+    parser.add_argument(
+        "--pod-name",
+        default=os.environ.get("POD_NAME"),
+        help="this router's pod, left out of --peer-selector's (default: $POD_NAME)",
+    )
     parser.add_argument(
         "--api-key-file",
         type=Path,
@@ -58,11 +74,16 @@ def run(args: argparse.Namespace) -> int:
         config = config.model_copy(update={"policy": RouterPolicy(args.policy)})
     if args.kubernetes and not (args.namespace and args.selector):
         raise SystemExit("--kubernetes needs --namespace and --selector")
+    if args.peer_selector and not (args.kubernetes and args.pod_name):
+        raise SystemExit("--peer-selector needs --kubernetes and --pod-name (or $POD_NAME)")
     discovery = Discovery(
         endpoints=[u for u in (args.endpoints or "").split(",") if u],
         namespace=args.namespace,
         selector=args.selector,
         engine_port=args.engine_port,
+        peers=[u for u in (args.peers or "").split(",") if u],
+        peer_selector=args.peer_selector,
+        pod_name=args.pod_name,
     )
     key_path = args.api_key_file or config.api_key_file
     engine_key_path = args.engine_key_file or config.engine_key_file

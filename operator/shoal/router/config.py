@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from shoal.api.router import HOT_PREFIXES_PORT, RouterSettings
+from shoal.api.router import INTERNAL_PORT, RouterSettings
 from shoal.api.spec import DEFAULT_MAX_NUM_SEQS
 
 
@@ -28,11 +28,12 @@ class RouterConfig(RouterSettings):
         description="File whose first line is the key sent to engines (Authorization: "
         "Bearer), for engines started with --api-key; re-read when it changes.",
     )
-    hot_prefixes_port: int = Field(
-        default=HOT_PREFIXES_PORT,
+    internal_port: int = Field(
+        default=INTERNAL_PORT,
         ge=0,
         le=65535,
-        description="Internal port serving the hot prefixes (0: a free one).",
+        description="Internal port serving the hot prefixes and the placements peers read "
+        "(0: a free one).",
     )
 
     @classmethod

@@ -106,6 +106,17 @@ class RouterMetrics:
             ["replica"],
             registry=r,
         )
+        self.peers = Gauge(
+            "shoal_router_peers",
+            "Other router replicas whose placements this one follows (sharePlacements).",
+            registry=r,
+        )
+        self.peer_placements = Counter(
+            "shoal_router_peer_placements",
+            "Placements read from the other router replicas and recorded in this one's "
+            "prefix index.",
+            registry=r,
+        )
         self.inflight = Gauge(
             INFLIGHT,
             "Requests in flight, by replica.",

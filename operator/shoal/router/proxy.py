@@ -28,6 +28,7 @@ from shoal.router.fleet import Fleet, Replica
 from shoal.router.hold import HeldRequests
 from shoal.router.hot import HotPrefixes
 from shoal.router.metrics import RouterMetrics
+from shoal.router.placements import PlacementLog
 from shoal.router.policy import Choice, Chooser, RequestFacts
 from shoal.router.prefix import PrefixKey, hash_text, prefix_key, request_facts
 from shoal.router.relay import ChunkRelay
@@ -98,6 +99,7 @@ class Proxy:
         metrics: RouterMetrics,
         api_keys: list[bytes],
         hot: HotPrefixes | None,
+        placements: PlacementLog | None = None,
     ) -> None:
         self.config = config
         # Parsed once: a quantity parsed per request was 5% of the router's CPU.
@@ -106,6 +108,7 @@ class Proxy:
         self.metrics = metrics
         self.api_keys = api_keys
         self.hot = hot
+        self.placements = placements  # this router's decisions, for its peers
         self.tracing: Tracing | None = None  # set when tracing is on
         self.chooser = Chooser(config)
         self.engine_authorization = b""  # the header line engines are sent, if any
@@ -313,6 +316,8 @@ class Proxy:
                     )
                 tried.add(replica.id)
                 self.fleet.index.record(replica.id, key.hashes)
+                if self.placements is not None:
+                    self.placements.append(replica.id, key.hashes)
                 try:
                     # What the replica must prefill of this prompt, as far as we know.
                     prefill = facts.prompt_tokens - choice.predicted_hit * facts.prefix_tokens

@@ -1,0 +1,240 @@
+"""Placements shared between one cluster's router replicas.
+
+Each router learns its prefix index from its own routing decisions. Behind a
+Service that splits requests at random, a conversation's next turn often
+reaches another router, which then knows only the tenant's shared prompt and
+not where the conversation's history is cached (with two routers, 3.7 points
+of hits were lost: docs/benchmarks.md). So each router keeps a bounded log of
+its own placements (the replica, the prompt's checkpoint hashes) and its
+peers long-poll it on the internal port, recording what they read in their
+own index as if they had routed it.
+
+Best effort: a peer that is down or slow costs hits, never a request, and
+nothing is on the request path but an append. A router shares only its own
+decisions, never what it learned, so nothing circulates. A router that
+starts (a rollout, a new replica) reads what its peers still hold and starts
+with their view of the caches instead of a cold one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+log = logging.getLogger("shoal.router.placements")
+
+PLACEMENTS_PATH = "/placements"
+# Placements a router keeps for its peers: at 1,000 requests a second a peer
+# that is 4 s behind still reads all it missed.
+LOG_CAPACITY = 4096
+# Placements in one answer, so one answer stays under a few hundred KiB.
+MAX_PER_READ = 512
+# How long a read waits for a placement when none is new (long poll).
+WAIT_SECONDS = 5.0
+RETRY_SECONDS = (0.5, 10.0)
+_MAX_ID_CHARS = 256
+_MAX_HASH = (1 << 64) - 1
+
+Placement = tuple[str, list[int]]  # replica id, checkpoint hashes of the prompt
+
+
+class PlacementLog:
+    """This router's own placements, numbered from 1, the latest LOG_CAPACITY kept.
+
+    `epoch` names this process: a reader whose epoch differs (the router
+    restarted) reads from the oldest entry kept."""
+
+    def __init__(self, capacity: int = LOG_CAPACITY) -> None:
+        self.epoch = uuid.uuid4().hex
+        self.head = 0  # number of the latest placement
+        self._entries: deque[Placement] = deque(maxlen=capacity)
+        self._changed = asyncio.Event()
+        self._closed = False
+
+    def append(self, replica: str, hashes: list[int]) -> None:
+        if not hashes:
+            return
+        self._entries.append((replica, hashes))
+        self.head += 1
+        self._changed.set()
+
+    def read(self, epoch: str | None, after: int, limit: int = MAX_PER_READ) -> list[Placement]:
+        """Placements numbered after `after` (of this epoch), oldest first, at most `limit`;
+        the last one returned is numbered `after + len(...)`, or from the oldest kept when
+        `after` is of another epoch, ahead of `head`, or too old (see `start`)."""
+        start = self.start(epoch, after)
+        oldest = self.head - len(self._entries)
+        stop = min(self.head, start + limit)
+        return [self._entries[i - oldest] for i in range(start, stop)]
+
+    def start(self, epoch: str | None, after: int) -> int:
+        """The number before the first placement a read from (epoch, after) returns."""
+        oldest = self.head - len(self._entries)
+        if epoch != self.epoch or after > self.head:
+            return oldest
+        return max(after, oldest)
+
+    def close(self) -> None:
+        """Readers stop waiting (the router is draining)."""
+        self._closed = True
+        self._changed.set()
+
+    async def wait(self, epoch: str | None, after: int, seconds: float) -> None:
+        """Until a read from (epoch, after) has something, or `seconds` passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while self.start(epoch, after) >= self.head and not self._closed:
+            self._changed.clear()
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                return
+
+
+def encode(log_: PlacementLog, epoch: str | None, after: int) -> dict[str, Any]:
+    """One answer of GET /placements: the placements and the cursor that follows them."""
+    start = log_.start(epoch, after)
+    placements = log_.read(epoch, after)
+    return {
+        "epoch": log_.epoch,
+        "next": start + len(placements),
+        "placements": [[replica, hashes] for replica, hashes in placements],
+    }
+
+
+class BadAnswer(ValueError):
+    """A peer's answer that is not a placements answer."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    epoch: str
+    next: int
+    placements: list[Placement]
+
+
+def decode(body: Any, *, max_hashes: int) -> Answer:
+    """A peer's answer, checked: a peer is another pod, and what it says goes into
+    this router's index (bounded: at most max_hashes per placement)."""
+    if not isinstance(body, dict):
+        raise BadAnswer("not an object")
+    epoch, cursor, raw = body.get("epoch"), body.get("next"), body.get("placements")
+    if not isinstance(epoch, str) or len(epoch) > _MAX_ID_CHARS:
+        raise BadAnswer("epoch")
+    if not isinstance(cursor, int) or isinstance(cursor, bool) or cursor < 0:
+        raise BadAnswer("next")
+    if not isinstance(raw, list) or len(raw) > MAX_PER_READ:
+        raise BadAnswer("placements")
+    placements = []
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 2):
+            raise BadAnswer("placement")
+        replica, hashes = item
+        if not isinstance(replica, str) or len(replica) > _MAX_ID_CHARS:
+            raise BadAnswer("replica")
+        if not isinstance(hashes, list) or len(hashes) > max_hashes:
+            raise BadAnswer("hashes")
+        if not all(type(h) is int and 0 <= h <= _MAX_HASH for h in hashes):
+            raise BadAnswer("hash")
+        placements.append((replica, hashes))
+    return Answer(epoch=epoch, next=cursor, placements=placements)
+
+
+Record = Callable[[str, Sequence[int]], None]
+
+
+@dataclass
+class PeerSync:
+    """Follows each peer's placement log and records what it reads. `set_peers`
+    with the peers' base URLs (their internal port) starts and stops the readers."""
+
+    record: Record
+    max_hashes: int
+    wait_seconds: float = WAIT_SECONDS
+    retry_seconds: tuple[float, float] = RETRY_SECONDS  # a failing peer: first, longest wait
+    received: Callable[[int], None] = lambda count: None
+    _readers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    _session: aiohttp.ClientSession | None = None
+
+    def set_peers(self, urls: Iterable[str]) -> None:
+        wanted = set(urls)
+        for url in set(self._readers) - wanted:
+            self._readers.pop(url).cancel()
+        loop = asyncio.get_running_loop()
+        for url in wanted - set(self._readers):
+            self._readers[url] = loop.create_task(self._follow(url))
+
+    @property
+    def peers(self) -> list[str]:
+        return sorted(self._readers)
+
+    async def close(self) -> None:
+        readers = list(self._readers.values())
+        self._readers.clear()
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.wait_seconds + 5, connect=2)
+            )
+        return self._session
+
+    async def _follow(self, url: str) -> None:
+        epoch: str | None = None
+        after = 0
+        first, longest = self.retry_seconds
+        retry = first
+        while True:
+            try:
+                answer = await self._read(url, epoch, after)
+            except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+                log.debug("placements of peer %s unread (%s); again in %.1fs", url, error, retry)
+                await asyncio.sleep(retry)
+                retry = min(retry * 2, longest)
+                continue
+            retry = first
+            for replica, hashes in answer.placements:
+                self.record(replica, hashes)
+            if answer.placements:
+                self.received(len(answer.placements))
+            epoch, after = answer.epoch, answer.next
+
+    async def _read(self, url: str, epoch: str | None, after: int) -> Answer:
+        params = {"after": str(after), "wait": _seconds(self.wait_seconds)}
+        if epoch is not None:
+            params["epoch"] = epoch
+        async with self._client().get(url + PLACEMENTS_PATH, params=params) as response:
+            if response.status != 200:
+                raise BadAnswer(f"status {response.status}")
+            # Bounded: a peer is another pod, and its answer is read whole.
+            limit = max_answer_bytes(self.max_hashes)
+            raw = await response.content.read(limit + 1)
+            if len(raw) > limit:
+                raise BadAnswer("answer too large")
+            return decode(json.loads(raw), max_hashes=self.max_hashes)
+
+
+def max_answer_bytes(max_hashes: int) -> int:
+    """The longest answer a peer can give honestly: a full read of the longest prompts."""
+    return 1024 + MAX_PER_READ * (_MAX_ID_CHARS + 16 + max_hashes * 22)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}" if math.isfinite(value) else "0"

@@ -1,0 +1,178 @@
+"""The placements router replicas share (router/placements.py): the log's
+cursors, and what a peer's answer may contain."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from shoal.router.placements import (
+    MAX_PER_READ,
+    BadAnswer,
+    PeerSync,
+    PlacementLog,
+    decode,
+    encode,
+)
+
+
+def _log(count: int, capacity: int = 8) -> PlacementLog:
+    log = PlacementLog(capacity=capacity)
+    for i in range(count):
+        log.append(f"r{i % 3}", [i, i + 1000])
+    return log
+
+
+def test_a_reader_gets_what_follows_its_cursor_then_nothing() -> None:
+    log = _log(5)
+    first = encode(log, None, 0)
+    assert first["next"] == 5
+    assert [p[1][0] for p in first["placements"]] == [0, 1, 2, 3, 4]
+    again = encode(log, first["epoch"], first["next"])
+    assert again["placements"] == [] and again["next"] == 5
+    log.append("r9", [77])
+    assert encode(log, first["epoch"], 5)["placements"] == [["r9", [77]]]
+
+
+def test_a_reader_that_fell_behind_resumes_at_the_oldest_kept() -> None:
+    log = _log(20, capacity=8)
+    answer = encode(log, log.epoch, 3)
+    assert answer["next"] == 20
+    assert [p[1][0] for p in answer["placements"]] == list(range(12, 20))
+
+
+def test_a_reader_of_another_epoch_reads_everything_kept() -> None:
+    """A router that restarted numbers from 1 again: a peer's cursor from
+    before must not skip what the new process placed."""
+    log = _log(3)
+    for epoch, after in (("an-older-process", 2), (log.epoch, 50)):
+        answer = encode(log, epoch, after)
+        assert answer["epoch"] == log.epoch
+        assert [p[1][0] for p in answer["placements"]] == [0, 1, 2]
+
+
+def test_one_read_is_bounded() -> None:
+    log = _log(MAX_PER_READ + 10, capacity=MAX_PER_READ * 2)
+    answer = encode(log, log.epoch, 0)
+    assert len(answer["placements"]) == MAX_PER_READ
+    assert answer["next"] == MAX_PER_READ
+    assert len(encode(log, log.epoch, answer["next"])["placements"]) == 10
+
+
+def test_a_placement_without_hashes_is_not_kept() -> None:
+    log = PlacementLog()
+    log.append("r0", [])
+    assert log.head == 0
+
+
+def test_a_long_poll_wakes_on_the_next_placement_and_ends_on_close() -> None:
+    async def scenario() -> tuple[bool, bool, bool]:
+        log = PlacementLog()
+        waiter = asyncio.create_task(log.wait(log.epoch, 0, 10))
+        await asyncio.sleep(0.01)
+        asleep = not waiter.done()
+        log.append("r0", [1])
+        await asyncio.wait_for(waiter, 1)
+        closing = asyncio.create_task(log.wait(log.epoch, 1, 10))
+        await asyncio.sleep(0.01)
+        log.close()
+        await asyncio.wait_for(closing, 1)
+        return asleep, waiter.done(), closing.done()
+
+    assert asyncio.run(scenario()) == (True, True, True)
+
+
+def test_a_long_poll_returns_at_its_deadline() -> None:
+    async def scenario() -> float:
+        log = PlacementLog()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await log.wait(log.epoch, 0, 0.05)
+        return loop.time() - started
+
+    assert 0.04 <= asyncio.run(scenario()) < 1.0
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ([], "not an object"),
+        ({"epoch": 5, "next": 0, "placements": []}, "epoch"),
+        ({"epoch": "e", "next": -1, "placements": []}, "next"),
+        ({"epoch": "e", "next": True, "placements": []}, "next"),
+        ({"epoch": "e", "next": 0, "placements": {}}, "placements"),
+        ({"epoch": "e", "next": 0, "placements": [["r"] * 2] * (MAX_PER_READ + 1)}, "placements"),
+        ({"epoch": "e", "next": 0, "placements": [["r", [1], 3]]}, "placement"),
+        ({"epoch": "e", "next": 0, "placements": [[7, [1]]]}, "replica"),
+        ({"epoch": "e", "next": 0, "placements": [["x" * 300, [1]]]}, "replica"),
+        ({"epoch": "e", "next": 0, "placements": [["r", list(range(49))]]}, "hashes"),
+        ({"epoch": "e", "next": 0, "placements": [["r", [1.5]]]}, "hash"),
+        ({"epoch": "e", "next": 0, "placements": [["r", [True]]]}, "hash"),
+        ({"epoch": "e", "next": 0, "placements": [["r", [-1]]]}, "hash"),
+        ({"epoch": "e", "next": 0, "placements": [["r", [1 << 64]]]}, "hash"),
+    ],
+)
+def test_a_hostile_or_broken_answer_is_refused_whole(body: Any, field: str) -> None:
+    with pytest.raises(BadAnswer, match=field):
+        decode(body, max_hashes=48)
+
+
+def test_an_honest_answer_round_trips() -> None:
+    log = _log(4)
+    answer = decode(json.loads(json.dumps(encode(log, None, 0))), max_hashes=48)
+    assert answer.epoch == log.epoch and answer.next == 4
+    assert answer.placements[3] == ("r0", [3, 1003])
+
+
+def test_a_peer_that_answers_garbage_or_too_much_records_nothing_and_is_read_again() -> None:
+    """A peer is another pod: what it says goes into the index only when it
+    is a placements answer of bounded size; the follower keeps going."""
+    answers = [
+        web.Response(text="not json", content_type="application/json"),
+        web.Response(body=b"[" + b"1," * 2_000_000 + b"1]", content_type="application/json"),
+        web.json_response({"epoch": "e", "next": 0, "placements": [["r", ["x"]]]}),
+        web.json_response({"epoch": "e", "next": 1, "placements": [["r1", [42, 43]]]}),
+    ]
+    reads: list[dict[str, str]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        reads.append(dict(request.query))
+        if answers:
+            return answers.pop(0)
+        await asyncio.sleep(0.05)
+        return web.json_response({"epoch": "e", "next": 1, "placements": []})
+
+    async def scenario() -> list[tuple[str, list[int]]]:
+        app = web.Application()
+        app.router.add_get("/placements", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        recorded: list[tuple[str, list[int]]] = []
+        sync = PeerSync(
+            record=lambda r, h: recorded.append((r, list(h))),
+            max_hashes=48,
+            retry_seconds=(0.01, 0.05),
+        )
+        sync.set_peers([f"http://127.0.0.1:{port}"])
+        try:
+            for _ in range(400):
+                if recorded:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await sync.close()
+            await runner.cleanup()
+        return recorded
+
+    recorded = asyncio.run(scenario())
+    assert recorded == [("r1", [42, 43])]
+    assert len(reads) >= 4
+    # The cursor follows the accepted answer only.
+    assert all(r.get("after") == "0" for r in reads[:4])
