@@ -179,9 +179,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     compare.add_argument(
         "--router-config",
-        type=Path,
-        help="spec.router fields for every run (JSON, camelCase as in a VLLMCluster); "
-        "its policy is replaced",
+        help="spec.router fields for every run: JSON (camelCase as in a VLLMCluster) or "
+        "a file of it; its policy is replaced",
     )
     compare.add_argument(
         "--workdir", type=Path, help="where the fleets' logs go (default: a temporary directory)"
@@ -348,7 +347,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
         rates = (args.rate or DEFAULT_RATE[args.workload],)
     router: dict[str, Any] = {}
     if args.router_config is not None:
-        router = json.loads(args.router_config.read_text())
+        router = _router_config(args.router_config)
         router.pop("policy", None)
     seeds = (
         tuple(int(s) for s in args.seeds.split(",") if s.strip()) if args.seeds else (args.seed,)
@@ -424,3 +423,15 @@ def run_compare_command(args: argparse.Namespace) -> int:
         plot_results(rows, args.plot, title=title)
     _finish(args, report, console)
     return 0 if all(r["completed"] for r in report["results"]) else 1
+
+
+def _router_config(value: str) -> dict[str, Any]:
+    """--router-config: inline JSON (as docs/benchmarks.md writes it) or a file's path."""
+    try:
+        text = value if value.lstrip().startswith("{") else Path(value).read_text()
+        config = json.loads(text)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"shoal bench compare: --router-config: {error}") from error
+    if not isinstance(config, dict):
+        raise SystemExit("shoal bench compare: --router-config must be a JSON object")
+    return config
