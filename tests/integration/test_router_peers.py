@@ -21,23 +21,31 @@ PEER_PLACEMENTS = "shoal_router_peer_placements_total"
 
 @contextmanager
 def _router(
-    tmp: Path, name: str, engines: list[str], *, internal: int, peer: int, config: dict[str, Any]
+    tmp: Path,
+    name: str,
+    engines: list[str],
+    *,
+    internal: int,
+    peer: int,
+    config: dict[str, Any],
+    args: tuple[str, ...] = (),
 ) -> Iterator[str]:
     config = {"replicaHeader": True, "internalPort": internal, **config}
     with start_router(
         log=tmp / f"{name}.log",
         config=config,
         endpoints=engines,
-        args=["--peers", f"http://{HOST}:{peer}"],
+        args=["--peers", f"http://{HOST}:{peer}", *args],
     ) as process:
         process.wait_http("/ready", timeout=20)
         yield process.url
 
 
-def _turn(front: str, prompt: str) -> str:
+def _turn(front: str, prompt: str, key: str | None = None) -> str:
     response = httpx.post(
         front + "/v1/completions",
         json={"model": MODEL, "prompt": prompt, "max_tokens": 2},
+        headers={"Authorization": f"Bearer {key}"} if key else None,
         timeout=30,
     )
     assert response.status_code == 200, response.text
@@ -107,3 +115,43 @@ def test_a_conversations_next_turn_through_another_router_keeps_its_replica(
                     # Without the placements B places the new prompts by itself.
                     assert _read_from_peers(b) == 0
                     assert kept < 24
+
+
+def test_with_api_keys_placements_are_read_with_a_key(tmp_path: Path) -> None:
+    """Placements are hashes of prompt prefixes: behind spec.router.apiKeySecret
+    they take a key, and router pods (which mount the same Secret) read each
+    other's with the first one."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text("sk-first-0001\nsk-second-0002\n")
+    internal_a, internal_b = free_port(), free_port()
+    with (
+        sims(2, tmp_path) as engines,
+        _router(
+            tmp_path,
+            "a",
+            list(engines),
+            internal=internal_a,
+            peer=internal_b,
+            config={},
+            args=("--api-key-file", str(keys)),
+        ) as a,
+        _router(
+            tmp_path,
+            "b",
+            list(engines),
+            internal=internal_b,
+            peer=internal_a,
+            config={},
+            args=("--api-key-file", str(keys)),
+        ) as b,
+    ):
+        placements = f"http://{HOST}:{internal_a}/placements"
+        assert httpx.get(placements, timeout=5).status_code == 401
+        wrong = {"Authorization": "Bearer sk-wrong"}
+        assert httpx.get(placements, headers=wrong, timeout=5).status_code == 401
+        for i in range(3):
+            _turn(a, _first_turn(i), key="sk-second-0002")
+        _wait_read(b, 3)
+        right = {"Authorization": "Bearer sk-second-0002"}
+        answer = httpx.get(placements, headers=right, timeout=5).json()
+        assert len(answer["placements"]) == 3

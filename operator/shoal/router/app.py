@@ -90,6 +90,7 @@ class Router:
             record=self.fleet.index.record,
             max_hashes=len(checkpoints(config.thresholds.max_prefix_blocks)),
             received=self.metrics.peer_placements.inc,
+            authorization=self._peer_authorization,
         )
         self.proxy = Proxy(
             config=config,
@@ -148,6 +149,10 @@ class Router:
             self._follow_peers()
         if self.key_file is not None or self.engine_key_file is not None:
             self._tasks.append(asyncio.get_running_loop().create_task(self._reload_keys()))
+
+    def _peer_authorization(self) -> str | None:
+        keys = self.proxy.api_keys
+        return "Bearer " + keys[0].decode("utf-8", "surrogateescape") if keys else None
 
     def _follow_peers(self) -> None:
         if self.discovery.peers:
@@ -278,6 +283,9 @@ class Router:
         `wait` seconds (at most WAIT_SECONDS) for one when none is new."""
         if self.placements is None:
             return error_response(404, "Sharing placements is off (sharePlacements).")
+        if not self.proxy.authorized(request):
+            # Hashes of prompt prefixes: as private as the API they came through.
+            return error_response(401, "Missing or invalid API key.", param="Authorization")
         query = request.query
         try:
             after = max(int(query.get("after", "0")), 0)

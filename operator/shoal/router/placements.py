@@ -165,6 +165,9 @@ class PeerSync:
     wait_seconds: float = WAIT_SECONDS
     retry_seconds: tuple[float, float] = RETRY_SECONDS  # a failing peer: first, longest wait
     received: Callable[[int], None] = lambda count: None
+    # The Authorization header to read peers with: with spec.router.apiKeySecret
+    # every router pod has the same keys, and reading placements takes one.
+    authorization: Callable[[], str | None] = lambda: None
     _readers: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _session: aiohttp.ClientSession | None = None
 
@@ -220,7 +223,11 @@ class PeerSync:
         params = {"after": str(after), "wait": _seconds(self.wait_seconds)}
         if epoch is not None:
             params["epoch"] = epoch
-        async with self._client().get(url + PLACEMENTS_PATH, params=params) as response:
+        header = self.authorization()
+        headers = {"Authorization": header} if header else None
+        async with self._client().get(
+            url + PLACEMENTS_PATH, params=params, headers=headers
+        ) as response:
             if response.status != 200:
                 raise BadAnswer(f"status {response.status}")
             # Bounded: a peer is another pod, and its answer is read whole.
