@@ -134,3 +134,29 @@ def test_a_probe_whose_stream_breaks_after_its_first_bytes_reopens_the_breaker(
     assert r0.breaker.state(clock.now) is CircuitState.OPEN
     assert r0.errors > before
     assert "r0" not in _picks(fleet, config, 30)
+
+
+def test_prefill_the_peer_routers_queued_counts_until_they_say_it_is_done(
+    clock: _Clock,
+) -> None:
+    """What another router sent a replica and has not seen prefilled is ahead
+    of this router's request there too; it is what the peer last said, and
+    nothing once the peer says nothing or is gone."""
+    config = RouterConfig()
+    fleet = _idle_fleet(config, clock)
+
+    def pending() -> dict[str, float]:
+        return {c.replica: c.pending for c in fleet.candidates(key=None)}
+
+    own = fleet.begin(fleet.replicas["r0"], prefill_tokens=100)
+    fleet.foreign_pending("http://peer-a", {"r0": 500, "r1": 3000, "gone": 7})
+    fleet.foreign_pending("http://peer-b", {"r1": 1000})
+    assert pending() == {"r0": 600, "r1": 4000, "r2": 0}
+    # Cold prompts avoid the replica the peers loaded, though this router sent it nothing.
+    assert _picks(fleet, config, 30)["r1"] == 0
+    fleet.foreign_pending("http://peer-a", {"r0": 200})
+    assert pending() == {"r0": 300, "r1": 1000, "r2": 0}
+    fleet.foreign_pending("http://peer-b", {})
+    fleet.foreign_pending("http://peer-a", {})
+    assert pending() == {"r0": 100, "r1": 0, "r2": 0}
+    fleet.end(fleet.replicas["r0"], own)

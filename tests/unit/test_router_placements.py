@@ -86,6 +86,28 @@ def test_a_long_poll_wakes_on_the_next_placement_and_ends_on_close() -> None:
     assert asyncio.run(scenario()) == (True, True, True)
 
 
+def test_a_long_poll_wakes_when_this_routers_queue_changes() -> None:
+    """A prefill done changes nothing in the log but what peers should weigh."""
+
+    async def scenario() -> bool:
+        log = _log(2)
+        waiter = asyncio.create_task(log.wait(log.epoch, 2, 10))
+        await asyncio.sleep(0.01)
+        assert not waiter.done()
+        log.touch()
+        await asyncio.wait_for(waiter, 1)
+        return True
+
+    assert asyncio.run(scenario())
+
+
+def test_an_answer_carries_this_routers_own_pending_prefill() -> None:
+    log = _log(1)
+    answer = encode(log, None, 0, {"r0": 1500.4, "r1": 0.0, "r2": 0.2})
+    assert answer["pending"] == {"r0": 1500}
+    assert decode(json.loads(json.dumps(answer)), max_hashes=48).pending == {"r0": 1500.0}
+
+
 def test_a_long_poll_returns_at_its_deadline() -> None:
     async def scenario() -> float:
         log = PlacementLog()
@@ -114,6 +136,20 @@ def test_a_long_poll_returns_at_its_deadline() -> None:
         ({"epoch": "e", "next": 0, "placements": [["r", [True]]]}, "hash"),
         ({"epoch": "e", "next": 0, "placements": [["r", [-1]]]}, "hash"),
         ({"epoch": "e", "next": 0, "placements": [["r", [1 << 64]]]}, "hash"),
+        ({"epoch": "e", "next": 0, "placements": [], "pending": []}, "pending"),
+        ({"epoch": "e", "next": 0, "placements": [], "pending": {"r": -1}}, "pending tokens"),
+        ({"epoch": "e", "next": 0, "placements": [], "pending": {"r": "9"}}, "pending tokens"),
+        ({"epoch": "e", "next": 0, "placements": [], "pending": {"r": 1e300}}, "pending tokens"),
+        ({"epoch": "e", "next": 0, "placements": [], "pending": {"x" * 300: 1}}, "pending replica"),
+        (
+            {
+                "epoch": "e",
+                "next": 0,
+                "placements": [],
+                "pending": {str(i): 1 for i in range(5000)},
+            },
+            "pending",
+        ),
     ],
 )
 def test_a_hostile_or_broken_answer_is_refused_whole(body: Any, field: str) -> None:

@@ -91,7 +91,10 @@ class Router:
             max_hashes=len(checkpoints(config.thresholds.max_prefix_blocks)),
             received=self.metrics.peer_placements.inc,
             authorization=self._peer_authorization,
+            pending=self.fleet.foreign_pending,
         )
+        if self.placements is not None:
+            self.fleet.on_prefilled = self.placements.touch
         self.proxy = Proxy(
             config=config,
             fleet=self.fleet,
@@ -295,7 +298,8 @@ class Router:
         epoch = query.get("epoch")
         if wait > 0:
             await self.placements.wait(epoch, after, wait)
-        return web.json_response(encode(self.placements, epoch, after))
+        own = {r.id: r.pending for r in self.fleet.replicas.values()}
+        return web.json_response(encode(self.placements, epoch, after, own))
 
     @property
     def serves_internal(self) -> bool:

@@ -22,7 +22,7 @@ full clears the rate).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from shoal.engine.metrics import MetricsSnapshot
@@ -61,6 +61,7 @@ class Replica:
     scraped_at: float | None = None
     inflight: int = 0
     pending: float = 0.0  # estimated prompt tokens sent and not yet prefilled
+    foreign: float = 0.0  # the same, sent by the other router replicas (as they said)
     errors: float = 0.0  # recent error rate, 0 to 1
     scrape_failing: bool = False  # the latest scrape failed: load unknown
 
@@ -77,6 +78,9 @@ class Fleet:
         self._views: dict[str, Candidate] = {}  # routable replicas whose breaker admits
         self._all_stale = True
         self._swept = time.monotonic()
+        # What each peer router said it has pending, per replica (placements.py).
+        self._foreign: dict[str, dict[str, float]] = {}
+        self.on_prefilled: Callable[[], None] | None = None  # tells the peers
 
     # ---- changes
     def update(self, endpoints: Iterable[Endpoint]) -> None:
@@ -145,6 +149,22 @@ class Fleet:
         # max(): float sums drift, and a negative queue would attract traffic.
         replica.pending = max(replica.pending - tokens, 0.0)
         self._refresh(replica, time.monotonic())
+        if self.on_prefilled is not None:
+            self.on_prefilled()
+
+    def foreign_pending(self, peer: str, pending: dict[str, float]) -> None:
+        """What one peer router has sent each replica and not seen prefilled yet,
+        replacing what it said before ({} when it is gone)."""
+        before = self._foreign.pop(peer, {})
+        if pending:
+            self._foreign[peer] = pending
+        now = time.monotonic()
+        for replica_id in before.keys() | pending.keys():
+            replica = self.replicas.get(replica_id)
+            if replica is None:
+                continue
+            replica.foreign = sum(said.get(replica_id, 0.0) for said in self._foreign.values())
+            self._refresh(replica, now)
 
     def verdict(self, replica: Replica, ticket: int, outcome: Outcome) -> None:
         """What an attempt (its ticket from `begin`) says about its replica.
@@ -184,7 +204,7 @@ class Fleet:
             load.saturated,
             replica.inflight,
             0.0,
-            replica.pending,
+            replica.pending + replica.foreign,
             max(load.requests, replica.inflight),
         )
 

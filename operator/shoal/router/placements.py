@@ -7,7 +7,10 @@ not where the conversation's history is cached (with two routers, 3.7 points
 of hits were lost: docs/benchmarks.md). So each router keeps a bounded log of
 its own placements (the replica, the prompt's checkpoint hashes) and its
 peers long-poll it on the internal port, recording what they read in their
-own index as if they had routed it.
+own index as if they had routed it. Each answer also carries the prompt
+tokens the peer has sent each replica that are not prefilled yet (its own
+queue estimate, which moves at once where scraped queues lag a scrape), so
+every router weighs the prefill the others queued too.
 
 Best effort: a peer that is down or slow costs hits, never a request, and
 nothing is on the request path but an append. A router shares only its own
@@ -24,7 +27,7 @@ import logging
 import math
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +46,8 @@ WAIT_SECONDS = 5.0
 RETRY_SECONDS = (0.5, 10.0)
 _MAX_ID_CHARS = 256
 _MAX_HASH = (1 << 64) - 1
+_MAX_REPLICAS = 4096
+_MAX_PENDING = 1e12
 
 Placement = tuple[str, list[int]]  # replica id, checkpoint hashes of the prompt
 
@@ -59,6 +64,7 @@ class PlacementLog:
         self._entries: deque[Placement] = deque(maxlen=capacity)
         self._changed = asyncio.Event()
         self._closed = False
+        self._touched = 0  # bumped when this router's queue estimates changed
 
     def append(self, replica: str, hashes: list[int]) -> None:
         if not hashes:
@@ -83,6 +89,12 @@ class PlacementLog:
             return oldest
         return max(after, oldest)
 
+    def touch(self) -> None:
+        """This router's pending prefill changed: waiting readers answer (with no
+        new placement), so peers see a queue drain as soon as one that grows."""
+        self._touched += 1
+        self._changed.set()
+
     def close(self) -> None:
         """Readers stop waiting (the router is draining)."""
         self._closed = True
@@ -92,7 +104,10 @@ class PlacementLog:
         """Until a read from (epoch, after) has something, or `seconds` passed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        while self.start(epoch, after) >= self.head and not self._closed:
+        touched = self._touched
+        while (
+            self.start(epoch, after) >= self.head and not self._closed and touched == self._touched
+        ):
             self._changed.clear()
             left = deadline - loop.time()
             if left <= 0:
@@ -103,14 +118,18 @@ class PlacementLog:
                 return
 
 
-def encode(log_: PlacementLog, epoch: str | None, after: int) -> dict[str, Any]:
-    """One answer of GET /placements: the placements and the cursor that follows them."""
+def encode(
+    log_: PlacementLog, epoch: str | None, after: int, pending: Mapping[str, float] | None = None
+) -> dict[str, Any]:
+    """One answer of GET /placements: the placements and the cursor that follows them,
+    and this router's own pending prefill per replica (tokens, the nonzero ones)."""
     start = log_.start(epoch, after)
     placements = log_.read(epoch, after)
     return {
         "epoch": log_.epoch,
         "next": start + len(placements),
         "placements": [[replica, hashes] for replica, hashes in placements],
+        "pending": {r: round(tokens) for r, tokens in (pending or {}).items() if tokens >= 0.5},
     }
 
 
@@ -123,6 +142,7 @@ class Answer:
     epoch: str
     next: int
     placements: list[Placement]
+    pending: dict[str, float]
 
 
 def decode(body: Any, *, max_hashes: int) -> Answer:
@@ -149,10 +169,26 @@ def decode(body: Any, *, max_hashes: int) -> Answer:
         if not all(type(h) is int and 0 <= h <= _MAX_HASH for h in hashes):
             raise BadAnswer("hash")
         placements.append((replica, hashes))
-    return Answer(epoch=epoch, next=cursor, placements=placements)
+    pending = body.get("pending", {})
+    if not isinstance(pending, dict) or len(pending) > _MAX_REPLICAS:
+        raise BadAnswer("pending")
+    for replica, tokens in pending.items():
+        if len(replica) > _MAX_ID_CHARS:
+            raise BadAnswer("pending replica")
+        if type(tokens) not in (int, float) or not 0 <= tokens <= _MAX_PENDING:
+            raise BadAnswer("pending tokens")
+    return Answer(
+        epoch=epoch,
+        next=cursor,
+        placements=placements,
+        pending={r: float(t) for r, t in pending.items()},
+    )
 
 
 Record = Callable[[str, Sequence[int]], None]
+# A peer's (by URL) pending prefill per replica, replacing what it said before;
+# {} when it is gone or unreachable.
+Pending = Callable[[str, dict[str, float]], None]
 
 
 @dataclass
@@ -165,6 +201,7 @@ class PeerSync:
     wait_seconds: float = WAIT_SECONDS
     retry_seconds: tuple[float, float] = RETRY_SECONDS  # a failing peer: first, longest wait
     received: Callable[[int], None] = lambda count: None
+    pending: Pending = lambda peer, queued: None
     # The Authorization header to read peers with: with spec.router.apiKeySecret
     # every router pod has the same keys, and reading placements takes one.
     authorization: Callable[[], str | None] = lambda: None
@@ -175,6 +212,7 @@ class PeerSync:
         wanted = set(urls)
         for url in set(self._readers) - wanted:
             self._readers.pop(url).cancel()
+            self.pending(url, {})
         loop = asyncio.get_running_loop()
         for url in wanted - set(self._readers):
             self._readers[url] = loop.create_task(self._follow(url))
@@ -185,6 +223,8 @@ class PeerSync:
 
     async def close(self) -> None:
         readers = list(self._readers.values())
+        for url in self._readers:
+            self.pending(url, {})
         self._readers.clear()
         for reader in readers:
             reader.cancel()
@@ -209,6 +249,7 @@ class PeerSync:
                 answer = await self._read(url, epoch, after)
             except (aiohttp.ClientError, TimeoutError, ValueError) as error:
                 log.debug("placements of peer %s unread (%s); again in %.1fs", url, error, retry)
+                self.pending(url, {})  # an unreachable peer's queue is not counted
                 await asyncio.sleep(retry)
                 retry = min(retry * 2, longest)
                 continue
@@ -217,6 +258,7 @@ class PeerSync:
                 self.record(replica, hashes)
             if answer.placements:
                 self.received(len(answer.placements))
+            self.pending(url, answer.pending)
             epoch, after = answer.epoch, answer.next
 
     async def _read(self, url: str, epoch: str | None, after: int) -> Answer:
