@@ -212,3 +212,31 @@ def test_a_peer_that_answers_garbage_or_too_much_records_nothing_and_is_read_aga
     assert len(reads) >= 4
     # The cursor follows the accepted answer only.
     assert all(r.get("after") == "0" for r in reads[:4])
+
+
+def test_reads_of_a_peer_that_always_has_news_are_paced() -> None:
+    """Every prefill done wakes a reader: at thousands of requests a second,
+    answers unpaced would cost the routers more than they save."""
+    reads = 0
+
+    async def handler(_: web.Request) -> web.Response:
+        nonlocal reads
+        reads += 1
+        return web.json_response({"epoch": "e", "next": reads, "placements": [["r", [reads]]]})
+
+    async def scenario() -> int:
+        app = web.Application()
+        app.router.add_get("/placements", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        sync = PeerSync(record=lambda r, h: None, max_hashes=48, pace_seconds=0.1)
+        sync.set_peers([f"http://127.0.0.1:{port}"])
+        await asyncio.sleep(0.55)
+        await sync.close()
+        await runner.cleanup()
+        return reads
+
+    assert 2 <= asyncio.run(scenario()) <= 7
