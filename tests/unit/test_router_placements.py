@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -164,6 +165,20 @@ def test_an_honest_answer_round_trips() -> None:
     assert answer.placements[3] == ("r0", [3, 1003])
 
 
+async def _peer(
+    handler: Callable[[web.Request], Awaitable[web.Response]],
+) -> tuple[web.AppRunner, str]:
+    """A peer router's placements on loopback, answered by handler."""
+    app = web.Application()
+    app.router.add_get("/placements", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
 def test_a_peer_that_answers_garbage_or_too_much_records_nothing_and_is_read_again() -> None:
     """A peer is another pod: what it says goes into the index only when it
     is a placements answer of bounded size; the follower keeps going."""
@@ -183,20 +198,14 @@ def test_a_peer_that_answers_garbage_or_too_much_records_nothing_and_is_read_aga
         return web.json_response({"epoch": "e", "next": 1, "placements": []})
 
     async def scenario() -> list[tuple[str, list[int]]]:
-        app = web.Application()
-        app.router.add_get("/placements", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, url = await _peer(handler)
         recorded: list[tuple[str, list[int]]] = []
         sync = PeerSync(
             record=lambda r, h: recorded.append((r, list(h))),
             max_hashes=48,
             retry_seconds=(0.01, 0.05),
         )
-        sync.set_peers([f"http://127.0.0.1:{port}"])
+        sync.set_peers([url])
         try:
             for _ in range(400):
                 if recorded:
@@ -225,15 +234,9 @@ def test_reads_of_a_peer_that_always_has_news_are_paced() -> None:
         return web.json_response({"epoch": "e", "next": reads, "placements": [["r", [reads]]]})
 
     async def scenario() -> int:
-        app = web.Application()
-        app.router.add_get("/placements", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, url = await _peer(handler)
         sync = PeerSync(record=lambda r, h: None, max_hashes=48, pace_seconds=0.1)
-        sync.set_peers([f"http://127.0.0.1:{port}"])
+        sync.set_peers([url])
         await asyncio.sleep(0.55)
         await sync.close()
         await runner.cleanup()
