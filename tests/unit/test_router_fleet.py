@@ -160,3 +160,30 @@ def test_prefill_the_peer_routers_queued_counts_until_they_say_it_is_done(
     fleet.foreign_pending("http://peer-a", {})
     assert pending() == {"r0": 100, "r1": 0, "r2": 0}
     fleet.end(fleet.replicas["r0"], own)
+
+
+def test_views_are_recomputed_once_per_decision_however_many_requests_changed_them(
+    clock: _Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = RouterConfig()
+    fleet = _idle_fleet(config, clock)
+    computed: Counter[str] = Counter()
+    view = Fleet._view
+
+    def counting(self: Fleet, replica: fleet_module.Replica, now: float) -> None:
+        computed[replica.id] += 1
+        view(self, replica, now)
+
+    monkeypatch.setattr(Fleet, "_view", counting)
+    r0 = fleet.replicas["r0"]
+    tickets = [fleet.begin(r0, prefill_tokens=100.0) for _ in range(5)]
+    fleet.prefilled(r0, 100.0)
+    fleet.end(r0, tickets[0])
+    assert computed == Counter()  # nothing read the views yet
+    candidates = {c.replica: c for c in fleet.candidates(key=None)}
+    assert computed == Counter({"r0": 1})
+    # The one recomputation saw every change: 4 in flight, 4 x 100 tokens queued.
+    assert candidates["r0"].inflight == 4
+    assert candidates["r0"].pending == 400.0
+    fleet.candidates(key=None)
+    assert computed == Counter({"r0": 1})  # nothing changed since

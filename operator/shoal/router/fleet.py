@@ -4,9 +4,10 @@ prefix index.
 
 The request path only reads memory, and must decide in well under 100 us for
 64 replicas. So each replica's policy view (a Candidate: load score,
-saturation, in-flight count) is recomputed when something it depends on
-changes (a scrape, a request starting or ending, a breaker transition,
-discovery) and not once per request; a request only adds its prefix hits.
+saturation, in-flight count) is recomputed only after something it depends
+on changed (a scrape, a request starting or ending, a breaker transition,
+discovery), at the next decision, however many changes came between; a
+request only adds its prefix hits.
 Time-based changes (metrics going stale, an open breaker turning half-open,
 recent errors fading) are swept on every scrape round (default every 250 ms).
 
@@ -76,6 +77,9 @@ class Fleet:
         self.index = PrefixIndex(blocks_per_replica=config.thresholds.index_blocks_per_replica)
         self.version = 0  # bumped on any change that can free capacity
         self._views: dict[str, Candidate] = {}  # routable replicas whose breaker admits
+        # Replicas whose view changed since the last decision: recomputed when
+        # the next one reads them, once however many requests began or ended.
+        self._changed: set[str] = set()
         self._all_stale = True
         self._swept = time.monotonic()
         # What each peer router said it has pending, per replica (placements.py).
@@ -128,8 +132,9 @@ class Fleet:
         routable = self.routable()
         self._all_stale = not any(self.fresh(r, now) for r in routable)
         self._views = {}
+        self._changed.clear()
         for replica in routable:
-            self._refresh(replica, now)
+            self._view(replica, now)
         self.version += 1
 
     def begin(self, replica: Replica, *, prefill_tokens: float = 0.0) -> int:
@@ -140,7 +145,7 @@ class Fleet:
         replica.pending += prefill_tokens
         now = time.monotonic()
         ticket = replica.breaker.start(now)
-        self._refresh(replica, now)
+        self._changed.add(replica.id)
         return ticket
 
     def prefilled(self, replica: Replica, tokens: float) -> None:
@@ -148,7 +153,7 @@ class Fleet:
         anything on that replica."""
         # max(): float sums drift, and a negative queue would attract traffic.
         replica.pending = max(replica.pending - tokens, 0.0)
-        self._refresh(replica, time.monotonic())
+        self._changed.add(replica.id)
         if self.on_prefilled is not None:
             self.on_prefilled()
 
@@ -158,13 +163,12 @@ class Fleet:
         before = self._foreign.pop(peer, {})
         if pending:
             self._foreign[peer] = pending
-        now = time.monotonic()
         for replica_id in before.keys() | pending.keys():
             replica = self.replicas.get(replica_id)
             if replica is None:
                 continue
             replica.foreign = sum(said.get(replica_id, 0.0) for said in self._foreign.values())
-            self._refresh(replica, now)
+            self._changed.add(replica_id)
 
     def verdict(self, replica: Replica, ticket: int, outcome: Outcome) -> None:
         """What an attempt (its ticket from `begin`) says about its replica.
@@ -183,10 +187,20 @@ class Fleet:
             # over, and the replica is as trusted as its peers.
             replica.errors = 0.0
         replica.inflight -= 1
-        self._refresh(replica, time.monotonic())
+        self._changed.add(replica.id)
         self.version += 1
 
-    def _refresh(self, replica: Replica, now: float) -> None:
+    def _review(self, now: float) -> None:
+        """Recompute the views of the replicas that changed since the last."""
+        for replica_id in self._changed:
+            changed = self.replicas.get(replica_id)
+            if changed is None:
+                self._views.pop(replica_id, None)
+            else:
+                self._view(changed, now)
+        self._changed.clear()
+
+    def _view(self, replica: Replica, now: float) -> None:
         if replica.id not in self.replicas or not replica.endpoint.routable:
             self._views.pop(replica.id, None)
             return
@@ -255,6 +269,8 @@ class Fleet:
     ) -> list[Candidate]:
         """The replicas a request may go to, with the share of its prefix
         blocks each is believed to hold."""
+        if self._changed:
+            self._review(time.monotonic())
         views = self._views
         depths = self.index.match(key.hashes) if key is not None and key.hashes else None
         if depths:

@@ -5,9 +5,14 @@ by the fleet; series of replicas that leave are removed."""
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from shoal.router.fleet import Replica
 
 # Names other parts read (the operator's health loop, the demo's live view).
 REQUESTS = "shoal_router_requests"
@@ -126,19 +131,24 @@ class RouterMetrics:
 
         self._series: dict[str, ReplicaSeries] = {}
 
-    def series(self, replica: str) -> ReplicaSeries:
+    def series(self, replica: Replica) -> ReplicaSeries:
         """The replica's labelled children, looked up once: `labels()` costs
         a lock, a tuple and a dict lookup per call, and the request path would
-        otherwise pay it five times a request."""
-        found = self._series.get(replica)
+        otherwise pay it five times a request. Its in-flight count and breaker
+        state are read when Prometheus collects, not set on every request; from
+        the latest replica of that name (a restarted pod keeps its name)."""
+        name = replica.endpoint.name
+        found = self._series.get(name)
         if found is None:
-            found = self._series[replica] = ReplicaSeries(
-                inflight=self.inflight.labels(replica),
-                circuit=self.circuit.labels(replica),
-                ttft=self.ttft.labels(replica),
-                parent=self.requests,
-                replica=replica,
+            found = self._series[name] = ReplicaSeries(
+                ttft=self.ttft.labels(name), parent=self.requests, replica=name, source=replica
             )
+            watched = found
+            self.inflight.labels(name).set_function(lambda: watched.source.inflight)
+            self.circuit.labels(name).set_function(
+                lambda: int(watched.source.breaker.state(time.monotonic()))
+            )
+        found.source = replica
         return found
 
     def forget(self, replica: str) -> None:
@@ -150,11 +160,10 @@ class RouterMetrics:
 
 @dataclass(slots=True)
 class ReplicaSeries:
-    inflight: Gauge
-    circuit: Gauge
     ttft: Histogram
     parent: Counter
     replica: str
+    source: Replica  # the latest replica of this name
     _requests: dict[int, Counter] = field(default_factory=dict)
 
     def requests(self, code: int) -> Counter:

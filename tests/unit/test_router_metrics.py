@@ -1,0 +1,62 @@
+"""The router's per-replica gauges are read when Prometheus collects."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+
+import shoal.router.metrics as metrics_module
+from shoal.router.breaker import CircuitBreaker, Outcome
+from shoal.router.fleet import Endpoint, Replica
+from shoal.router.metrics import RouterMetrics
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def _replica(uid: str, name: str = "engine-0") -> Replica:
+    breaker = CircuitBreaker(failure_threshold=1, open_seconds=5.0, probe_seconds=1.0)
+    return Replica(
+        endpoint=Endpoint(id=uid, name=name, url="http://e", routable=True), breaker=breaker
+    )
+
+
+def _sample(metrics: RouterMetrics, line: str) -> float:
+    for row in generate_latest(metrics.registry).decode().splitlines():
+        if row.startswith(line + " "):
+            return float(row.rsplit(" ", 1)[1])
+    raise AssertionError(f"{line} not exported")
+
+
+def test_in_flight_and_breaker_state_are_what_they_are_when_scraped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(metrics_module, "time", clock)
+    metrics = RouterMetrics()
+    replica = _replica("uid-1")
+    metrics.series(replica)
+    inflight = 'shoal_router_inflight_requests{replica="engine-0"}'
+    circuit = 'shoal_router_circuit_state{replica="engine-0"}'
+    replica.inflight = 3
+    assert _sample(metrics, inflight) == 3.0
+    ticket = replica.breaker.start(clock.now)
+    replica.breaker.finish(ticket, Outcome.FAILED, clock.now)
+    assert _sample(metrics, circuit) == 2.0  # open
+    # No request came since; the breaker turned half-open all the same.
+    clock.now += 6.0
+    assert _sample(metrics, circuit) == 1.0
+
+
+def test_a_restarted_pod_of_the_same_name_is_the_one_reported() -> None:
+    metrics = RouterMetrics()
+    old, new = _replica("uid-1"), _replica("uid-2")
+    old.inflight, new.inflight = 7, 1
+    metrics.series(old)
+    metrics.series(new)
+    assert _sample(metrics, 'shoal_router_inflight_requests{replica="engine-0"}') == 1.0
