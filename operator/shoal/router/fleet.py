@@ -191,7 +191,7 @@ class Fleet:
         self.version += 1
 
     def _review(self, now: float) -> None:
-        """Recompute the views of the replicas that changed since the last."""
+        """Recompute the views of the replicas that changed since the last decision."""
         for replica_id in self._changed:
             changed = self.replicas.get(replica_id)
             if changed is None:
@@ -201,7 +201,7 @@ class Fleet:
         self._changed.clear()
 
     def _view(self, replica: Replica, now: float) -> None:
-        if replica.id not in self.replicas or not replica.endpoint.routable:
+        if not replica.endpoint.routable:
             self._views.pop(replica.id, None)
             return
         if not replica.breaker.allows(now):

@@ -140,16 +140,17 @@ class RouterMetrics:
         name = replica.endpoint.name
         found = self._series.get(name)
         if found is None:
-            found = self._series[name] = ReplicaSeries(
-                ttft=self.ttft.labels(name), parent=self.requests, replica=name, source=replica
-            )
-            watched = found
-            self.inflight.labels(name).set_function(lambda: watched.source.inflight)
-            self.circuit.labels(name).set_function(
-                lambda: int(watched.source.breaker.state(time.monotonic()))
-            )
+            found = self._series[name] = self._watch(name, replica)
         found.source = replica
         return found
+
+    def _watch(self, name: str, replica: Replica) -> ReplicaSeries:
+        series = ReplicaSeries(ttft=self.ttft.labels(name), parent=self.requests, source=replica)
+        self.inflight.labels(name).set_function(lambda: series.source.inflight)
+        self.circuit.labels(name).set_function(
+            lambda: int(series.source.breaker.state(time.monotonic()))
+        )
+        return series
 
     def forget(self, replica: str) -> None:
         self._series.pop(replica, None)
@@ -162,7 +163,6 @@ class RouterMetrics:
 class ReplicaSeries:
     ttft: Histogram
     parent: Counter
-    replica: str
     source: Replica  # the latest replica of this name
     _requests: dict[int, Counter] = field(default_factory=dict)
 
@@ -170,5 +170,5 @@ class ReplicaSeries:
         """`shoal_router_requests{replica, code}`, cached per code."""
         child = self._requests.get(code)
         if child is None:
-            child = self._requests[code] = self.parent.labels(self.replica, str(code))
+            child = self._requests[code] = self.parent.labels(self.source.endpoint.name, str(code))
         return child
