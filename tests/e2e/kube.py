@@ -13,7 +13,24 @@ import yaml
 from shoal.procs import wait_until as wait_for
 from shoal_testbed.cluster import Testbed
 
-__all__ = ["apply", "condition", "get_json", "namespace", "pod_if", "pods", "wait_for"]
+__all__ = [
+    "AFTER_API_RESTART_SECONDS",
+    "apply",
+    "condition",
+    "get_json",
+    "namespace",
+    "pod_if",
+    "pods",
+    "wait_for",
+]
+
+# How long the testbed's client-go components (kube-scheduler, kwok) may take
+# to see a new object after an API server restart. Each failed list or watch
+# during the outage doubles a reflector's backoff, capped at 30 s and then
+# jittered by up to 100%: its next try can come a minute after the API server
+# is back. (Seen in CI: kwok's Logs informer retried 60 s after the restart,
+# so a pod created then had no logs served for 57 s.)
+AFTER_API_RESTART_SECONDS = 150
 
 
 def get_json(bed: Testbed, *args: str) -> Any:

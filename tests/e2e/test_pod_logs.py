@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from shoal_testbed.cluster import Testbed, bin_dir
-from tests.e2e.kube import apply, get_json, namespace, run_pod, wait_for
+from tests.e2e.kube import AFTER_API_RESTART_SECONDS, apply, get_json, namespace, run_pod, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -221,10 +221,11 @@ def test_logs_and_reports_survive_an_api_server_restart(testbed: Testbed, tmp_pa
         # The steady container kept its one process: no restart, its output once.
         assert _status(testbed, ns, "steady")["restartCount"] == 0
         assert _logs(testbed, ns, "steady").splitlines() == ["steady since before"]
-        # A pod created after the restart is run and its logs are served too.
+        # A pod created after the restart is run and its logs are served too,
+        # once kwok's informer has caught up (AFTER_API_RESTART_SECONDS).
         apply(testbed, ns, run_pod("later", "import time; print('later'); time.sleep(600)"))
         wait_for(
             lambda: _logs(testbed, ns, "later").splitlines() == ["later"],
             what="later's output",
-            timeout=60,
+            timeout=AFTER_API_RESTART_SECONDS,
         )

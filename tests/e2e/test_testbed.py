@@ -17,7 +17,17 @@ import pytest
 
 from shoal_testbed.cluster import Testbed, bin_dir, pins
 from shoal_testbed.nodes import GPU_PRODUCT_LABEL, GPU_RESOURCE, GPU_TAINT
-from tests.e2e.kube import apply, condition, get_json, namespace, pod_if, pods, run_pod, wait_for
+from tests.e2e.kube import (
+    AFTER_API_RESTART_SECONDS,
+    apply,
+    condition,
+    get_json,
+    namespace,
+    pod_if,
+    pods,
+    run_pod,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -470,10 +480,11 @@ def test_the_pod_runner_keeps_its_processes_through_an_api_server_restart(
             if line.startswith("--- ")
         ]
         assert len(started) == 1, started
-        # Reports resume: a crash after the restart is seen.
+        # Reports resume: a crash after the restart is seen (once
+        # the scheduler and kwok have caught up).
         apply(testbed, ns, run_pod("after", "import sys; sys.exit(1)"))
         wait_for(
             lambda: _waiting(testbed, ns, "after", "CrashLoopBackOff"),
             what="after in CrashLoopBackOff",
-            timeout=60,
+            timeout=AFTER_API_RESTART_SECONDS,
         )
