@@ -1,11 +1,17 @@
 """The one parser of vLLM's /metrics: the recorded vLLM 0.32 scrapes and the
 simulator's read as the engine reported them, older vLLM names still read,
-data-parallel engines of one server combined, and a scrape that is not a
-whole vLLM exposition refused instead of read as an idle engine."""
+data-parallel engines of one server combined, a scrape that is not a
+whole vLLM exposition refused instead of read as an idle engine, and the
+parser's own reading of sample lines checked against prometheus_client's."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from shoal.engine.errors import BadMetrics
 from shoal.engine.metrics import KVPool, MetricsSnapshot, parse, total
@@ -104,6 +110,10 @@ def test_a_pool_vllm_has_not_allocated_yet_is_unknown() -> None:
         pytest.param(LOAD.split("vllm:kv")[0], id="cut-short-at-a-line-end"),
         pytest.param(LOAD.replace("3.0", "three"), id="not-a-number"),
         pytest.param(LOAD.replace('engine="0"', 'engine="0'), id="broken-labels"),
+        pytest.param(LOAD.replace('",model', '"model'), id="labels-without-a-comma"),
+        pytest.param(LOAD.replace('engine="0"', "engine=0"), id="an-unquoted-label"),
+        pytest.param(LOAD.replace("} 3.0", "}3.0"), id="no-space-before-the-value"),
+        pytest.param(LOAD.replace("} 3.0", "} 3.0 soon"), id="a-timestamp-that-is-not-one"),
     ],
 )
 def test_a_scrape_that_is_not_a_whole_vllm_exposition_is_an_error(scrape: str) -> None:
@@ -115,3 +125,53 @@ def test_snapshots_of_several_engines_add_up() -> None:
     summed = total([MetricsSnapshot(requests=3, prefix_queries=10), MetricsSnapshot(requests=4)])
     assert (summed.requests, summed.prefix_queries) == (7, 10)
     assert summed.hit_rate == 0.0
+
+
+# Label values as an exporter may write them: escaped quotes, backslashes and
+# newlines, and the characters that end labels or values elsewhere.
+_LABEL_VALUES = st.text(alphabet=st.sampled_from('ab ,={}"\\\n0.'), max_size=8).map(
+    lambda v: v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+)
+_VALUES = st.one_of(
+    st.floats(allow_nan=False, width=64).map(repr),
+    st.sampled_from(["NaN", "+Inf", "-Inf", "1e3", "-0.5", "7"]),
+)
+
+
+@st.composite
+def _sample_lines(draw: st.DrawFn, name: str) -> list[str]:
+    lines = []
+    for engine in range(draw(st.integers(1, 3))):
+        labels = {"engine": str(engine)}
+        labels.update(draw(st.dictionaries(st.sampled_from(["a", "b_c", "_d"]), _LABEL_VALUES)))
+        body = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        stamp = draw(st.sampled_from(["", " 1700000000000", " -5"]))
+        lines.append(f"{name}{{{body}}} {draw(_VALUES)}{stamp}")
+    return lines
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    running=_sample_lines("vllm:num_requests_running"),
+    waiting=_sample_lines("vllm:num_requests_waiting"),
+    usage=_sample_lines("vllm:kv_cache_usage_perc"),
+    hits=_sample_lines("vllm:prefix_cache_hits_total"),
+)
+def test_sample_lines_read_as_prometheus_client_reads_them(
+    running: list[str], waiting: list[str], usage: list[str], hits: list[str]
+) -> None:
+    scrape = "\n".join(running + waiting + usage + hits) + "\n"
+    sums: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(scrape):
+        for sample in family.samples:
+            sums.setdefault(sample.name, []).append(sample.value)
+    found = parse(scrape)
+    expected = {
+        "running": sum(sums["vllm:num_requests_running"]),
+        "waiting": sum(sums["vllm:num_requests_waiting"]),
+        "kv_usage": sum(sums["vllm:kv_cache_usage_perc"]) / len(usage),
+        "prefix_hits": sum(sums["vllm:prefix_cache_hits_total"]),
+    }
+    for field, value in expected.items():
+        got = getattr(found, field)
+        assert got == value or (math.isnan(got) and math.isnan(value)), field
