@@ -163,9 +163,9 @@ def parse(text: str) -> MetricsSnapshot:
                 config = line
             continue
         sample = _SAMPLE.fullmatch(line)
+        if sample is None:
+            raise BadMetrics(f"not Prometheus text: not a sample line: {line[:120]!r}")
         try:
-            if sample is None:
-                raise ValueError(f"not a sample line: {line[:120]!r}")
             value = float(sample["value"])
         except ValueError as error:
             raise BadMetrics(f"not Prometheus text: {error}") from error

@@ -140,11 +140,12 @@ class RouterMetrics:
         name = replica.endpoint.name
         found = self._series.get(name)
         if found is None:
-            found = self._series[name] = self._watch(name, replica)
+            found = self._series[name] = self._watch(replica)
         found.source = replica
         return found
 
-    def _watch(self, name: str, replica: Replica) -> ReplicaSeries:
+    def _watch(self, replica: Replica) -> ReplicaSeries:
+        name = replica.endpoint.name
         series = ReplicaSeries(ttft=self.ttft.labels(name), parent=self.requests, source=replica)
         self.inflight.labels(name).set_function(lambda: series.source.inflight)
         self.circuit.labels(name).set_function(
