@@ -35,7 +35,7 @@ from shoal.router.relay import ChunkRelay
 from shoal.router.routes import Refusal, route_of
 from shoal.router.routes import plan as plan_request
 from shoal.router.tracing import NOT_TRACED, Tracing
-from shoal.router.upstream import Exchange, Pool, UpstreamError, request_head
+from shoal.router.upstream import Exchange, Pool, UpstreamError, UpstreamTimeout, request_head
 
 log = logging.getLogger("shoal.router")
 
@@ -122,8 +122,13 @@ class Proxy:
         self.pool = Pool(connect_seconds=config.timeouts.connect_seconds)
         # The rest (/v1/models, merged from the replicas) through aiohttp's.
         self.session: aiohttp.ClientSession | None = None
+        # Kept: asyncio.get_running_loop() is a getpid() system call on 3.11.
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._ids = ""  # random hex digits, 32 per request id
+        self._next_id = 0
 
     async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60),
             # Fetches for many clients: a cookie one engine answer set must
@@ -166,9 +171,7 @@ class Proxy:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         given = request.headers.get(REQUEST_ID_HEADER)
-        # 32 random hex digits as uuid4().hex, at a quarter of its cost; not a
-        # counter, which engines would show clients in their answers' ids.
-        request_id = given if given and _REQUEST_ID.fullmatch(given) else os.urandom(16).hex()
+        request_id = given if given and _REQUEST_ID.fullmatch(given) else self._new_id()
         try:
             with (
                 NOT_TRACED if self.tracing is None else self.tracing.request(request, request_id)
@@ -180,6 +183,17 @@ class Proxy:
         if not response.prepared:  # a stream got it with its headers
             response.headers[REQUEST_ID_HEADER] = request_id
         return response
+
+    def _new_id(self) -> str:
+        """32 random hex digits, as uuid4().hex; not a counter, which engines
+        would show clients in their answers' ids. The random bytes come 256
+        ids at a time: os.urandom is a system call."""
+        at = self._next_id
+        if at >= len(self._ids):
+            self._ids = os.urandom(16 * 256).hex()
+            at = 0
+        self._next_id = at + 32
+        return self._ids[at : at + 32]
 
     def _identity(self, request: web.Request, request_id: str) -> bytes:
         """Header lines the engine gets about the client's request. Values
@@ -471,24 +485,25 @@ class Proxy:
         self.inflight += 1
         sent_at = time.perf_counter()
         timeouts = self.config.timeouts
-        now = asyncio.get_running_loop().time()
+        loop = self.loop or asyncio.get_running_loop()
+        now = loop.time()
         deadline = now + timeouts.total_seconds
         first_byte_by = min(now + timeouts.first_byte_seconds, deadline)
         exchange: Exchange | None = None
         verdict: Outcome | None = Outcome.NONE  # still to give; None once given
         try:
             try:
-                # asyncio.timeout, not wait_for: no extra task per request.
-                async with asyncio.timeout_at(first_byte_by):
-                    exchange, status, headers = await self._send(
-                        replica,
-                        request.rel_url.raw_path_qs,
-                        raw,
-                        method=request.method,
-                        identity=identity,
-                        on_first=first_output,
-                    )
-            except TimeoutError as error:
+                # The exchange keeps the deadline (no asyncio timer per request).
+                exchange, status, headers = await self._send(
+                    replica,
+                    request.rel_url.raw_path_qs,
+                    raw,
+                    method=request.method,
+                    identity=identity,
+                    on_first=first_output,
+                    answer_by=first_byte_by,
+                )
+            except UpstreamTimeout as error:
                 verdict = Outcome.FAILED
                 series.requests(504).inc()  # retried elsewhere, but the replica failed
                 raise UpstreamFailed("first_byte_timeout") from error
@@ -496,6 +511,8 @@ class Proxy:
                 verdict = Outcome.FAILED
                 series.requests(502).inc()
                 raise UpstreamFailed("connect_error") from error
+            if not (stream and status == 200):
+                exchange.disarm()
             if status >= 500:
                 try:
                     answer = await self._whole(exchange, status, headers, deadline=deadline)
@@ -513,9 +530,8 @@ class Proxy:
                 # failure is retried elsewhere, and headers alone are no
                 # success.
                 try:
-                    async with asyncio.timeout_at(first_byte_by):
-                        await exchange.begun
-                except TimeoutError as error:
+                    await exchange.begun
+                except UpstreamTimeout as error:
                     verdict = Outcome.FAILED
                     series.requests(504).inc()
                     raise UpstreamFailed("first_byte_timeout") from error
@@ -529,6 +545,7 @@ class Proxy:
             self.fleet.verdict(replica, ticket, Outcome.OK)
             verdict = None
             if stream and status == 200:
+                exchange.disarm()
                 response, failure = await self._stream(
                     request,
                     exchange,
@@ -569,7 +586,7 @@ class Proxy:
             self.fleet.end(replica, ticket)
             self.inflight -= 1
             if self.waiting:  # nobody queued: nobody to wake
-                asyncio.get_running_loop().create_task(self.notify_capacity())
+                loop.create_task(self.notify_capacity())
 
     async def _send(
         self,
@@ -580,17 +597,22 @@ class Proxy:
         method: str = "POST",
         identity: bytes,
         on_first: Callable[[int], None],
+        answer_by: float,
     ) -> tuple[Exchange, int, CIMultiDict[str]]:
-        """Send the request and wait for the answer's status and headers."""
+        """Send the request and wait for the answer's status and headers,
+        which must come by `answer_by` (else UpstreamTimeout)."""
         address = self.pool.address(replica.endpoint.url)
         head = request_head(
             method.encode(), address.base + path.encode(), address, len(raw), extra=identity
         )
         while True:
-            exchange = await self.pool.open(address)
-            exchange.send(head + raw, on_first=on_first)
+            exchange = await self.pool.open(address, answer_by=answer_by)
+            exchange.send(head + raw, on_first=on_first, answer_by=answer_by)
             try:
                 status, raw_headers = await exchange.head
+            except UpstreamTimeout:
+                exchange.release()
+                raise
             except UpstreamError as error:
                 exchange.release()
                 if exchange.reused and not error.answered:
@@ -667,7 +689,7 @@ class Proxy:
         if held:
             # The first chunk came already (it was awaited before the
             # headers went out): the next one is due within the stall deadline.
-            first_chunk_by = asyncio.get_running_loop().time() + stall
+            first_chunk_by = exchange.loop.time() + stall
         relay = ChunkRelay(
             request.transport,
             exchange,

@@ -61,7 +61,7 @@ class ChunkRelay:
         # growing.
         self._high = transport.get_write_buffer_limits()[1]
         self._draining: asyncio.Task[None] | None = None
-        loop = self._loop = asyncio.get_running_loop()
+        loop = self._loop = exchange.loop
         self._clock = loop.time
         self._stall = stall_seconds
         self._deadline = deadline

@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from shoal.router.deadlines import Deadline, Deadlines
+
 Sink = Callable[[bytes], None]
 
 
@@ -30,6 +32,10 @@ class UpstreamError(Exception):
     def __init__(self, reason: str, *, answered: bool) -> None:
         super().__init__(reason)
         self.answered = answered
+
+
+class UpstreamTimeout(UpstreamError):
+    """The answer (or its first body bytes) did not come by its deadline."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +63,18 @@ class Exchange(asyncio.Protocol):
 
     def __init__(self, pool: Pool, address: Address) -> None:
         self._pool = pool
+        # Kept: asyncio.get_running_loop() is a getpid() system call on 3.11.
+        self.loop = asyncio.get_running_loop()
         self.address = address
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self.reused = False
-        self.expiry: asyncio.TimerHandle | None = None  # while idle in the pool
+        self.idle_since = 0.0  # loop time it was last put in the pool
+        self._answer_by: Deadline | None = None
         self._reset()
 
     def _reset(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         self.head: asyncio.Future[tuple[int, list[tuple[bytes, bytes]]]] = loop.create_future()
         self.done: asyncio.Future[None] = loop.create_future()
         # The answer's first body bytes came (or its end, for an empty body).
@@ -83,13 +92,29 @@ class Exchange(asyncio.Protocol):
         self._until_eof = False
 
     # ---- caller side
-    def send(self, data: bytes, *, on_first: Callable[[int], None] | None = None) -> None:
+    def send(
+        self,
+        data: bytes,
+        *,
+        on_first: Callable[[int], None] | None = None,
+        answer_by: float | None = None,
+    ) -> None:
         """Send a request; `on_first` gets the answer's status with its first
-        body bytes."""
+        body bytes. Unless `disarm`ed first, at loop time `answer_by` the
+        waits still pending fail with UpstreamTimeout and the connection is
+        cut."""
         assert self.transport is not None
         self._on_first = on_first
         self._busy = True
+        if answer_by is not None:
+            self._answer_by = self._pool.deadlines.at(answer_by, self._late)
         self.transport.write(data)
+
+    def disarm(self) -> None:
+        """What was waited for by `answer_by` came."""
+        if self._answer_by is not None:
+            self._answer_by.cancel()
+            self._answer_by = None
 
     def attach(self, sink: Sink) -> None:
         """Deliver the body to `sink` from now on, held bytes first."""
@@ -115,17 +140,15 @@ class Exchange(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
 
-    def abort(self, reason: str) -> None:
+    def abort(self, reason: str, *, timeout: bool = False) -> None:
         """Give up on the answer (a deadline passed): the caller's wait fails
         with `reason`, and the connection is cut so the engine stops."""
-        self._fail(reason)
+        self._fail(reason, timeout=timeout)
         if self.transport is not None:
             self.transport.abort()
 
     def expire(self) -> None:
         """Close an idle connection (its pool entry goes when it is lost)."""
-        if self.expiry is not None:
-            self.expiry.cancel()
         if self.transport is not None:
             self.transport.close()
 
@@ -133,6 +156,7 @@ class Exchange(asyncio.Protocol):
         """Back to the pool when the answer was read whole and may be reused;
         otherwise closed, so an engine still answering sees its client gone
         and stops."""
+        self.disarm()
         transport = self.transport
         if (
             self._complete
@@ -226,8 +250,12 @@ class Exchange(asyncio.Protocol):
             if not future.done():
                 future.set_result(None)
 
-    def _fail(self, reason: str) -> None:
-        error = UpstreamError(reason, answered=self._answered)
+    def _late(self) -> None:
+        self._answer_by = None
+        self.abort("no answer in time", timeout=True)
+
+    def _fail(self, reason: str, *, timeout: bool = False) -> None:
+        error = (UpstreamTimeout if timeout else UpstreamError)(reason, answered=self._answered)
         for future in (self.head, self.begun, self.done):
             if not future.done():
                 future.set_exception(error)
@@ -243,14 +271,21 @@ _MAX_ADDRESSES = 4096
 
 
 class Pool:
-    """Idle keep-alive connections per engine address."""
+    """Idle keep-alive connections per engine address, and the deadlines of
+    the answers on them.
+
+    An idle connection is not reused past `idle_seconds`; one timer per pool,
+    not one per request, closes those left idle that long."""
 
     def __init__(self, *, connect_seconds: float, idle_seconds: float = IDLE_SECONDS) -> None:
         self.connect_seconds = connect_seconds
         self.idle_seconds = idle_seconds
+        self.deadlines = Deadlines()
+        # Per address, in the order they were put back (the oldest first).
         self._idle: dict[Address, list[Exchange]] = {}
         self._addresses: dict[str, Address] = {}
         self._tls: ssl.SSLContext | None = None
+        self._sweep: asyncio.TimerHandle | None = None
 
     def address(self, url: str) -> Address:
         address = self._addresses.get(url)
@@ -260,13 +295,16 @@ class Pool:
             address = self._addresses[url] = Address.parse(url)
         return address
 
-    async def open(self, address: Address) -> Exchange:
-        """An idle connection to `address`, or a new one."""
+    async def open(self, address: Address, *, answer_by: float | None = None) -> Exchange:
+        """An idle connection to `address`, or a new one. Connecting waits
+        connect_seconds, and fails with UpstreamTimeout past `answer_by`."""
         idle = self._idle.get(address)
         while idle:
-            exchange = idle.pop()
-            if exchange.expiry is not None:
-                exchange.expiry.cancel()
+            exchange = idle.pop()  # the most recently used
+            if exchange.loop.time() - exchange.idle_since >= self.idle_seconds:
+                idle.append(exchange)  # idle too long, and so are all older ones
+                self._close_idle(idle, len(idle))
+                break
             if exchange.transport is not None and not exchange.transport.is_closing():
                 return exchange
         loop = asyncio.get_running_loop()
@@ -275,19 +313,27 @@ class Pool:
             if self._tls is None:
                 self._tls = ssl.create_default_context()
             tls = self._tls
+        connect_by = loop.time() + self.connect_seconds
+        late = answer_by is not None and answer_by < connect_by
         try:
-            async with asyncio.timeout(self.connect_seconds):
+            async with asyncio.timeout_at(answer_by if late else connect_by):
                 _, protocol = await loop.create_connection(
                     lambda: Exchange(self, address), address.host, address.port, ssl=tls
                 )
-        except (OSError, TimeoutError) as error:
+        except TimeoutError as error:
+            kind = UpstreamTimeout if late else UpstreamError
+            raise kind(f"connect: {error!r}", answered=False) from error
+        except OSError as error:
             raise UpstreamError(f"connect: {error!r}", answered=False) from error
         return protocol
 
     def put(self, exchange: Exchange) -> None:
-        loop = asyncio.get_running_loop()
-        exchange.expiry = loop.call_later(self.idle_seconds, exchange.expire)
+        exchange.idle_since = exchange.loop.time()
         self._idle.setdefault(exchange.address, []).append(exchange)
+        if self._sweep is None:
+            self._sweep = exchange.loop.call_at(
+                exchange.idle_since + self.idle_seconds, self._expire_idle
+            )
 
     def forget(self, exchange: Exchange) -> None:
         idle = self._idle.get(exchange.address)
@@ -296,10 +342,36 @@ class Pool:
                 idle.remove(exchange)
 
     def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        self.deadlines.close()
         for idle in list(self._idle.values()):
-            for exchange in list(idle):
-                exchange.expire()
+            self._close_idle(idle, len(idle))
         self._idle.clear()
+
+    def _expire_idle(self) -> None:
+        self._sweep = None
+        loop = asyncio.get_running_loop()
+        stale_before = loop.time() - self.idle_seconds
+        oldest = float("inf")
+        for idle in self._idle.values():
+            stale = 0
+            while stale < len(idle) and idle[stale].idle_since <= stale_before:
+                stale += 1
+            self._close_idle(idle, stale)
+            if idle:
+                oldest = min(oldest, idle[0].idle_since)
+        if oldest != float("inf"):
+            self._sweep = loop.call_at(oldest + self.idle_seconds, self._expire_idle)
+
+    @staticmethod
+    def _close_idle(idle: list[Exchange], count: int) -> None:
+        """Close the `count` oldest of an address's idle connections."""
+        closing = idle[:count]
+        del idle[:count]
+        for exchange in closing:
+            exchange.expire()
 
 
 def request_head(
