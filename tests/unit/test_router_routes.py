@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 import pytest
 
 from shoal.router.prefix import prefix_key
@@ -91,6 +92,19 @@ def test_a_response_id_names_its_replica() -> None:
     sent = json.loads(got.payload(json.dumps(follow).encode(), "uid-b"))
     assert tag_of(sent["request_id"]) == replica_tag("uid-b")
     assert {k: v for k, v in sent.items() if k != "request_id"} == follow
+
+
+def test_a_responses_body_is_sent_on_with_its_numbers_as_they_came() -> None:
+    """The router reads bodies with orjson, which makes integers beyond 64
+    bits floats; the one body it re-encodes keeps them."""
+    body = {"model": "m", "input": "hi", "metadata": {"n": 2**70 + 1, "x": 0.1}}
+    raw = json.dumps(body).encode()
+    read = orjson.loads(raw)  # as the proxy reads it
+    assert read["metadata"]["n"] != 2**70 + 1
+    got = plan(route("POST", "/v1/responses"), read, match={}, query={}, replica_ids=REPLICAS)
+    assert isinstance(got, Plan)
+    sent = json.loads(got.payload(raw, "uid-a"))
+    assert sent["metadata"] == {"n": 2**70 + 1, "x": 0.1}
 
 
 @pytest.mark.parametrize(

@@ -146,7 +146,7 @@ class Plan:
     hot_body: JsonDict | None  # what hot prefixes count, if anything
     stream: bool
     pinned: str | None = None  # the only replica (id) that may serve it
-    body: JsonDict | None = None  # to re-encode per replica (the router's response id)
+    names_replica: bool = False  # re-encoded per replica (the router's response id)
 
     def excluded(self, replica_ids: Collection[str]) -> frozenset[str]:
         """Replicas it must not go to."""
@@ -158,9 +158,11 @@ class Plan:
         """The body sent to `replica_id`: as the client sent it, except a
         Responses request, whose `request_id` (vLLM's response id) names the
         replica."""
-        if self.body is None:
+        if not self.names_replica:
             return raw
-        return json.dumps({**self.body, "request_id": new_response_id(replica_id)}).encode()
+        # Read again as json reads it: what it sends on keeps integers of any size.
+        body = json.loads(raw)
+        return json.dumps({**body, "request_id": new_response_id(replica_id)}).encode()
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,12 @@ def plan(
             return Refusal(holder.status, holder.message, "previous_response_id")
         pinned = holder
     return Plan(
-        text=text, cache_aware=True, hot_body=hot_body, stream=stream, pinned=pinned, body=body
+        text=text,
+        cache_aware=True,
+        hot_body=hot_body,
+        stream=stream,
+        pinned=pinned,
+        names_replica=True,
     )
 
 
