@@ -70,3 +70,29 @@ def test_cancelled_deadlines_are_dropped_from_memory() -> None:
 
     size = asyncio.run(scenario())
     assert size <= 2 * deadlines_module._COMPACT_AT + 2
+
+
+def test_a_callback_that_cancels_many_others_leaves_the_rest_kept() -> None:
+    """Cancelling from a callback may rebuild the heap under the firing."""
+
+    async def scenario() -> tuple[list[str], int]:
+        loop = asyncio.get_running_loop()
+        fired: list[str] = []
+        deadlines = Deadlines()
+        now = loop.time()
+        doomed = [deadlines.at(now + 0.5, lambda: fired.append("doomed")) for _ in range(3000)]
+
+        def cancel_them() -> None:
+            fired.append("canceller")
+            for deadline in doomed:
+                deadline.cancel()
+
+        deadlines.at(now + 0.01, cancel_them)
+        deadlines.at(now + 0.01, lambda: fired.append("same time"))
+        deadlines.at(now + 0.6, lambda: fired.append("later"))
+        await asyncio.sleep(0.8)
+        return fired, len(deadlines)
+
+    fired, left = asyncio.run(scenario())
+    assert fired == ["canceller", "same time", "later"]
+    assert left == 0

@@ -80,15 +80,16 @@ class Deadlines:
     def _fire(self) -> None:
         self._timer = None
         self._timer_at = float("inf")
-        heap = self._heap
         now = asyncio.get_running_loop().time()
-        while heap:
-            when, _, deadline = heap[0]
+        # self._heap read each time: a callback may cancel others and so
+        # replace it (compaction).
+        while self._heap:
+            when, _, deadline = self._heap[0]
             callback = deadline.callback
             if callback is not None and when > now:
                 self._arm(when)
                 return
-            heapq.heappop(heap)
+            heapq.heappop(self._heap)
             if callback is None:
                 self._cancelled -= 1
                 continue
