@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from shoal.router.tallies import CounterFamily, HistogramFamily, Spread, Tally
+
 if TYPE_CHECKING:
     from shoal.router.fleet import Replica
 
@@ -29,7 +31,8 @@ class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
+        # The request path's series: tallies (no lock per update, see tallies.py).
+        self.requests = CounterFamily(
             REQUESTS,
             "Attempts answered, by replica and HTTP code: a replica's failures that were "
             "retried elsewhere count too (502 connect error, 504 no answer in time), so the "
@@ -37,27 +40,29 @@ class RouterMetrics:
             ["replica", "code"],
             registry=r,
         )
-        self.decision = Histogram(
+        self.decision = HistogramFamily(
             "shoal_router_decision_seconds",
             "Time from the parsed request to the chosen replica (no I/O).",
-            buckets=_DECISION,
+            [],
             registry=r,
-        )
-        self.ttft = Histogram(
+            buckets=_DECISION,
+        ).labels()
+        self.ttft = HistogramFamily(
             "shoal_router_upstream_ttft_seconds",
             "Time from sending a streamed request upstream to its first token (the first "
             "bytes of the answer's body; its headers come before the prefill). Not observed "
             "for answers that are not streamed, which come whole.",
             ["replica"],
-            buckets=_LATENCY,
             registry=r,
+            buckets=_LATENCY,
         )
-        self.latency = Histogram(
+        self.latency = HistogramFamily(
             "shoal_router_request_seconds",
             "End-to-end request latency at the router.",
-            buckets=_LATENCY,
+            [],
             registry=r,
-        )
+            buckets=_LATENCY,
+        ).labels()
         self.retries = Counter(
             "shoal_router_retries",
             "Requests retried on another replica, by reason.",
@@ -76,12 +81,13 @@ class RouterMetrics:
             ["replica"],
             registry=r,
         )
-        self.predicted_hit = Histogram(
+        self.predicted_hit = HistogramFamily(
             "shoal_router_predicted_hit_ratio",
             "Expected prefix-cache hit share of the chosen replica.",
-            buckets=(0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+            [],
             registry=r,
-        )
+            buckets=(0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+        ).labels()
         self.queue_depth = Gauge(
             QUEUE_DEPTH,
             "Requests waiting for a replica: every replica saturated, or none at all "
@@ -133,7 +139,7 @@ class RouterMetrics:
 
     def series(self, replica: Replica) -> ReplicaSeries:
         """The replica's labelled children, looked up once: `labels()` costs
-        a lock, a tuple and a dict lookup per call, and the request path would
+        a tuple and a dict lookup per call, and the request path would
         otherwise pay it five times a request. Its in-flight count and breaker
         state are read when Prometheus collects, not set on every request; from
         the latest replica of that name (a restarted pod keeps its name)."""
@@ -162,12 +168,12 @@ class RouterMetrics:
 
 @dataclass(slots=True)
 class ReplicaSeries:
-    ttft: Histogram
-    parent: Counter
+    ttft: Spread
+    parent: CounterFamily
     source: Replica  # the latest replica of this name
-    _requests: dict[int, Counter] = field(default_factory=dict)
+    _requests: dict[int, Tally] = field(default_factory=dict)
 
-    def requests(self, code: int) -> Counter:
+    def requests(self, code: int) -> Tally:
         """`shoal_router_requests{replica, code}`, cached per code."""
         child = self._requests.get(code)
         if child is None:
