@@ -5,13 +5,21 @@ within a minute, with the reason, what to do, and a Warning Event."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from shoal_testbed.cluster import Testbed
-from tests.e2e.kube import apply, wait_for
-from tests.e2e.operator_env import cluster, cluster_manifest, events, printed_columns
+from tests.e2e.kube import apply, get_json, wait_for
+from tests.e2e.operator_env import (
+    cluster,
+    cluster_manifest,
+    condition_of,
+    events,
+    printed_columns,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -86,3 +94,35 @@ def test_an_image_that_cannot_be_pulled_is_shown_with_the_fields_to_check(
     assert "ImagePullFailing" in described and "check spec.image" in described
     warnings = [e for e in events(testbed, ns, "nopull") if e["type"] == "Warning"]
     assert "ImagePullFailing" in [e["reason"] for e in warnings]
+
+
+def test_a_stale_unschedulable_condition_on_a_bound_pod_does_not_take_its_replica_out(
+    testbed: Testbed, ns: str
+) -> None:
+    # kube-scheduler patches PodScheduled=False by name when a bind fails
+    # because the pod was deleted meanwhile; a StatefulSet's same-named
+    # successor, already bound and running, can take that stale write (kubelet
+    # rewrites it later; kwok's stand-in never does). Seen in CI: a replica
+    # moved to another node never became Ready again.
+    manifest = cluster_manifest("stale", replicas=1)
+    apply(testbed, ns, manifest)
+    wait_ready(testbed, ns, "stale", 1, timeout=90)
+    stale = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "SchedulerError",
+        "message": 'running Bind plugin "DefaultBinder": pods "stale-r0-0" not found',
+    }
+    testbed.kubectl(
+        "patch", "pod", "stale-r0-0", "-n", ns, "--subresource=status",
+        "-p", json.dumps({"status": {"conditions": [stale]}}),
+    )  # fmt: skip
+    # A scale-up makes the operator pass over the patched pod for certain.
+    manifest["spec"]["replicas"] = 2
+    apply(testbed, ns, manifest)
+    wait_ready(testbed, ns, "stale", 2, timeout=90)
+    assert _degraded(testbed, ns, "stale", "Unschedulable") is None
+    entry = cluster(testbed, ns, "stale")["status"]["replicaStatuses"][0]
+    assert entry["state"] == "Serving", entry
+    pod = get_json(testbed, "pod", "stale-r0-0", "-n", ns)
+    assert condition_of(pod, "PodScheduled")["status"] == "False"  # still there

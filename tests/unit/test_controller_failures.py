@@ -149,6 +149,30 @@ def test_containers_are_read_from_the_pods_status() -> None:
     assert engine.crashed and not engine.running
 
 
+def _scheduling(node: str | None) -> dict[str, Any]:
+    """A leader pod whose PodScheduled condition is False, bound to node or not."""
+    return {
+        "metadata": {"name": "c-r0-0", "uid": "u", "labels": {"serving.shoal.dev/replica": "0"}},
+        "spec": {"nodeName": node} if node else {},
+        "status": {
+            "phase": "Running" if node else "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "message": "0/6 nodes"}],
+        },
+    }
+
+
+def test_a_pod_the_scheduler_cannot_place_is_unschedulable_with_its_message() -> None:
+    facts = pod_facts(_scheduling(None), gpu_resource="nvidia.com/gpu")
+    assert facts is not None and facts.unschedulable == "0/6 nodes"
+
+
+def test_a_bound_pod_is_not_unschedulable_whatever_a_stale_condition_says() -> None:
+    # kube-scheduler's PodScheduled=False for a deleted pod lands on its
+    # same-named successor (a StatefulSet's), already bound.
+    facts = pod_facts(_scheduling("gpu-h100-2"), gpu_resource="nvidia.com/gpu")
+    assert facts is not None and facts.unschedulable is None and facts.node == "gpu-h100-2"
+
+
 def test_a_warning_event_is_posted_when_degraded_turns_true_and_not_again() -> None:
     healthy = build_status(inputs(fleet_with({**crash_looping(), "state": {"running": {}}})))
     broken = build_status(inputs(fleet_with(crash_looping()), previous=healthy))

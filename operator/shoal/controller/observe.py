@@ -230,7 +230,7 @@ def container_facts(status: Manifest) -> ContainerFacts:
 
 
 def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
-    meta, status = pod["metadata"], pod.get("status", {})
+    meta, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
     index = _index(pod)
     if index is None:
         return None
@@ -239,11 +239,15 @@ def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
     containers_ready = _status(_condition(pod, "ContainersReady"))
     scheduled = _condition(pod, "PodScheduled")
     unschedulable = None
-    if scheduled and _status(scheduled) is ConditionStatus.FALSE:
+    # A bound pod is scheduled, whatever its condition says: kube-scheduler
+    # patches PodScheduled=False by name after a bind that failed because the
+    # pod was deleted, so a StatefulSet's same-named successor, already bound,
+    # can carry that stale write until its kubelet next reports.
+    if scheduled and _status(scheduled) is ConditionStatus.FALSE and not spec.get("nodeName"):
         unschedulable = str(scheduled.get("message") or scheduled.get("reason") or "")
     gpus = 0
-    if pod.get("spec", {}).get("nodeName"):
-        for container in pod.get("spec", {}).get("containers", []):
+    if spec.get("nodeName"):
+        for container in spec.get("containers", []):
             limit = ((container.get("resources") or {}).get("limits") or {}).get(gpu_resource)
             gpus += int(str(limit)) if str(limit or "").isdigit() else 0
     return PodFacts(
@@ -253,7 +257,7 @@ def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
         role=labels.get(LABEL_ROLE, ROLE_LEADER),
         phase=status.get("phase", "Pending"),
         ip=status.get("podIP") or None,
-        node=pod.get("spec", {}).get("nodeName") or None,
+        node=spec.get("nodeName") or None,
         terminating=bool(meta.get("deletionTimestamp")),
         ready=ready is ConditionStatus.TRUE,
         containers_ready=containers_ready is ConditionStatus.TRUE,
