@@ -107,7 +107,8 @@ test: lint unit integration rules e2e node-e2e test-vllm
 # and smg in the same throughput rounds, each pinned to the router's core.
 # Needs wrk.
 bench-router: install peers-venv
-	command -v wrk >/dev/null || (apt-get install -y wrk >/dev/null 2>&1 || sudo apt-get install -y wrk)
+	command -v wrk >/dev/null || { s=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$s apt-get update -qq && $$s apt-get install -y -qq wrk; }
 	$(BIN)/python -m shoal.bench.router_decision
 	$(BIN)/python -m shoal.bench.router_http --floor
 	# Streams of vllm bench serve's default output length (128 tokens): the

@@ -50,3 +50,20 @@ def test_a_restarted_pod_of_the_same_name_is_the_one_reported() -> None:
     metrics.series(old)
     metrics.series(new)
     assert _sample(metrics, 'shoal_router_inflight_requests{replica="engine-0"}') == 1.0
+
+
+def test_a_replica_that_leaves_loses_its_gauges_and_keeps_its_counts() -> None:
+    metrics = RouterMetrics()
+    replica = _replica("uid-1")
+    metrics.series(replica).requests(200).inc()
+    metrics.series(replica).ttft.observe(0.02)
+    metrics.forget("engine-0")
+    text = generate_latest(metrics.registry).decode()
+    assert 'shoal_router_inflight_requests{replica="engine-0"}' not in text
+    assert 'shoal_router_circuit_state{replica="engine-0"}' not in text
+    # Sums over replicas never go down: the autoscaler would read a drop as a restart.
+    assert _sample(metrics, 'shoal_router_requests_total{code="200",replica="engine-0"}') == 1.0
+    assert _sample(metrics, 'shoal_router_upstream_ttft_seconds_count{replica="engine-0"}') == 1.0
+    # Back under the same name, it counts on from there.
+    metrics.series(_replica("uid-2")).requests(200).inc()
+    assert _sample(metrics, 'shoal_router_requests_total{code="200",replica="engine-0"}') == 2.0

@@ -1,6 +1,10 @@
 """The router's own Prometheus metrics (`shoal_router_*`). The replica label
 is the pod name (or host:port for static endpoints), so cardinality is bounded
-by the fleet; series of replicas that leave are removed."""
+by the fleet's names (a StatefulSet's pod names are reused). A replica that
+leaves loses its gauges (state, load, in flight, scrape failures); its request
+counts and TTFT histogram stay, so sums over replicas never go down: the
+operator's error window and the autoscaler's "a request arrived" read a drop as
+a restarted router."""
 
 from __future__ import annotations
 
