@@ -91,6 +91,17 @@ class ServerError(Exception):
         self.response = response
 
 
+class _StreamAnswer(web.StreamResponse):
+    """A relayed stream, whose headers wait for its first chunk, to go out in
+    one write with it (aiohttp's plain Response does so; a StreamResponse
+    sends its headers alone as it is prepared): one system call and one
+    client wake-up fewer per stream, on the path to the first token. The
+    switch is aiohttp's own (3.12 on), the one its Response turns off; an
+    aiohttp without it sends the headers alone, as before."""
+
+    _send_headers_immediately = False
+
+
 class Proxy:
     def __init__(
         self,
@@ -671,7 +682,7 @@ class Proxy:
         """Relay a streamed answer; the second value says why it broke off
         after its first byte (then the client got an SSE error event)."""
         headers[REQUEST_ID_HEADER] = request_id  # sent now, with the first bytes
-        response = web.StreamResponse(status=status, headers=headers)
+        response = _StreamAnswer(status=status, headers=headers)
         writer = await response.prepare(request)
         assert writer is not None and request.transport is not None
         held = exchange.take()
