@@ -238,15 +238,16 @@ def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
     ready = _status(_condition(pod, "Ready"))
     containers_ready = _status(_condition(pod, "ContainersReady"))
     scheduled = _condition(pod, "PodScheduled")
+    node = spec.get("nodeName") or None
     unschedulable = None
     # A bound pod is scheduled, whatever its condition says: kube-scheduler
     # patches PodScheduled=False by name after a bind that failed because the
     # pod was deleted, so a StatefulSet's same-named successor, already bound,
     # can carry that stale write until its kubelet next reports.
-    if scheduled and _status(scheduled) is ConditionStatus.FALSE and not spec.get("nodeName"):
+    if scheduled and _status(scheduled) is ConditionStatus.FALSE and node is None:
         unschedulable = str(scheduled.get("message") or scheduled.get("reason") or "")
     gpus = 0
-    if spec.get("nodeName"):
+    if node is not None:
         for container in spec.get("containers", []):
             limit = ((container.get("resources") or {}).get("limits") or {}).get(gpu_resource)
             gpus += int(str(limit)) if str(limit or "").isdigit() else 0
@@ -257,7 +258,7 @@ def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
         role=labels.get(LABEL_ROLE, ROLE_LEADER),
         phase=status.get("phase", "Pending"),
         ip=status.get("podIP") or None,
-        node=spec.get("nodeName") or None,
+        node=node,
         terminating=bool(meta.get("deletionTimestamp")),
         ready=ready is ConditionStatus.TRUE,
         containers_ready=containers_ready is ConditionStatus.TRUE,
