@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,7 +27,6 @@ class _StreamingEngine(BaseHTTPRequestHandler):
     before the first one, as vLLM's do."""
 
     protocol_version = "HTTP/1.1"
-    started = threading.Event()
 
     def do_GET(self) -> None:  # /metrics, /health: an idle engine
         self.send_response(200)
@@ -42,7 +42,7 @@ class _StreamingEngine(BaseHTTPRequestHandler):
         self.wfile.flush()
         for n, chunk in enumerate(CHUNKS):
             if n:
-                threading.Event().wait(0.2)  # each chunk its own network read
+                time.sleep(0.2)  # each chunk its own network read
             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             self.wfile.flush()
         self.wfile.write(b"0\r\n\r\n")
