@@ -172,6 +172,33 @@ def test_step_time_follows_the_profile_and_time_scale() -> None:
     assert per_step == pytest.approx(0.00608, rel=1e-3)
 
 
+def test_ttft_holds_the_frontends_time_and_queue_time_starts_at_the_scheduler() -> None:
+    """As vLLM counts them: TTFT from the API server's arrival, queue time
+    from when the engine core takes the request. Three prompts of 1,500
+    tokens against a 2,048-token step budget: the third waits a step."""
+    frontend = TINY.profile.frontend_s
+    assert frontend > 0
+
+    async def body(engine: Engine) -> dict[str, float]:
+        streams = [
+            submit(engine, [20 + (i * 7 + n) % 1000 for n in range(1500)], 2) for i in range(3)
+        ]
+        for stream in streams:
+            await finish(stream)
+        return {
+            part: counter(engine, f"vllm:{name}_seconds_sum")
+            for part, name in (
+                ("ttft", "time_to_first_token"),
+                ("queue", "request_queue_time"),
+                ("prefill", "request_prefill_time"),
+            )
+        }
+
+    seconds = run(body, fake_time=True)
+    assert seconds["queue"] > 0, "the third prompt waited for the step budget"
+    assert seconds["ttft"] == pytest.approx(3 * frontend + seconds["queue"] + seconds["prefill"])
+
+
 def test_a_slow_reader_still_gets_every_token_and_the_finish() -> None:
     """The engine may finish while the reader is busy with the previous delta."""
 

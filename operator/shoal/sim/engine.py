@@ -164,6 +164,7 @@ class Engine:
     def _enqueue(self, stream: RequestStream) -> None:
         if stream.seq.status is Status.FINISHED or self.dead:
             return  # aborted, or the engine died, before the frontend handed it over
+        stream.seq.queued = self.now()
         self.scheduler.add(stream.seq)
         self._publish_state()
         self._wake.set()

@@ -376,7 +376,10 @@ class EngineMetrics:
         self.max_generation_tokens.observe(seq.max_tokens)
         self.params_n.observe(1)
         self.e2e.observe(now - seq.arrival)
-        self.queue_time.observe(scheduled - seq.arrival)
+        # From the scheduler's queue, as vLLM's engine core counts it: the
+        # frontend's time is in the TTFT, not here.
+        queued = seq.queued if seq.queued is not None else seq.arrival
+        self.queue_time.observe(scheduled - queued)
         self.prefill_time.observe(first - scheduled)
         self.inference_time.observe(last - scheduled)
         self.decode_time.observe(last - first)

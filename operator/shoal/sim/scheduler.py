@@ -37,7 +37,10 @@ class Sequence:
     max_tokens: int
     # Returns the next token to sample, or None for end of sequence.
     sample: Callable[[], int | None]
-    arrival: float
+    arrival: float  # at the API server: where vLLM's TTFT starts
+    # When the frontend handed it to the scheduler: where vLLM's queue time
+    # starts (None while the frontend still has it).
+    queued: float | None = None
     status: Status = Status.WAITING
     blocks: list[int] = field(default_factory=list)
     block_hashes: list[BlockHash] = field(default_factory=list)
