@@ -47,6 +47,37 @@ def test_the_counters_rise_between_two_vllm_scrapes_and_gauges_are_as_now() -> N
     assert rise.kv_pool == drained.kv_pool
 
 
+def test_where_vllms_time_to_first_token_went_reads_from_its_histograms() -> None:
+    loaded, drained = parse(text("metrics.loaded.txt")), parse(text("metrics.after_load.txt"))
+    # vLLM observes TTFT at the first token, queue and prefill times when a
+    # request ends: while loaded, 24 had a first token and 18 had ended.
+    assert (loaded.ttft_count, loaded.queue_count) == (24.0, 18.0)
+    assert loaded.mean_ttft == pytest.approx(41.33456349372864 / 24)
+    assert loaded.mean_queue == pytest.approx(14.751229443999705 / 18)
+    assert loaded.mean_prefill == pytest.approx(1.0383035680006287 / 18)
+    rise = drained.since(loaded)
+    assert (rise.ttft_count, rise.queue_count) == (4.0, 10.0)
+    # Drained, every request had both: its TTFT (from the API server's
+    # arrival) holds its queue and prefill times, and a little more.
+    assert drained.ttft_count == drained.queue_count == 28.0
+    assert 0 < drained.mean_queue + drained.mean_prefill < drained.mean_ttft
+    idle = parse(text("metrics.idle.txt"))
+    assert math.isnan(idle.mean_ttft) and math.isnan(idle.mean_queue)
+    assert math.isnan(idle.mean_prefill)
+
+
+def test_histogram_buckets_are_not_read_as_their_sums() -> None:
+    # A bucket line starts as its _sum does; only the exact names count.
+    found = parse(
+        LOAD
+        + 'vllm:request_queue_time_seconds_bucket{engine="0",le="0.3"} 7.0\n'
+        + 'vllm:request_queue_time_seconds_sum{engine="0"} 0.5\n'
+        + "vllm:request_queue_time_seconds_count 2.0\n"
+        + 'vllm:request_queue_time_seconds_created{engine="0"} 1.7e9\n'
+    )
+    assert (found.queue_seconds, found.queue_count) == (0.5, 2.0)
+
+
 def test_an_idle_vllm_scrape_is_an_idle_engine_with_its_pool() -> None:
     idle = parse(text("metrics.idle.txt"))
     assert idle.in_flight == 0 and idle.kv_usage == 0.0 and idle.requests == 0

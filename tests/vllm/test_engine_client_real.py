@@ -53,6 +53,10 @@ def test_parsed_metrics_count_a_completion_on_both(both: Pair) -> None:
         assert rise.prompt_tokens == usage.prompt_tokens, server.name
         assert rise.generation_tokens == usage.completion_tokens == 3, server.name
         assert rise.prefix_queries == usage.prompt_tokens, server.name
+        # Its time to first token, and how much of it was queue and prefill.
+        assert rise.ttft_count == rise.queue_count == 1, server.name
+        assert rise.prefill_seconds > 0 and rise.queue_seconds >= 0, server.name
+        assert rise.queue_seconds + rise.prefill_seconds <= rise.ttft_seconds + 1e-9, server.name
 
 
 def test_probe_calls_answer_alike_on_both(both: Pair) -> None:

@@ -42,6 +42,14 @@ class Metric(StrEnum):
     PROMPT_TOKENS = "vllm:prompt_tokens_total"
     GENERATION_TOKENS = "vllm:generation_tokens_total"
     CACHE_CONFIG = "vllm:cache_config_info"  # labels only: block_size, num_gpu_blocks, ...
+    # Histograms' sums and counts, in seconds: where the time to first token
+    # went. TTFT is observed at the first token; queue (waiting to be
+    # scheduled) and prefill (scheduled to first token) when a request ends.
+    TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
+    TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
+    QUEUE_SUM = "vllm:request_queue_time_seconds_sum"
+    QUEUE_COUNT = "vllm:request_queue_time_seconds_count"
+    PREFILL_SUM = "vllm:request_prefill_time_seconds_sum"
     # Deprecated in vLLM 0.10 for the names above (vllm#18354), removed later;
     # read when the current name is absent.
     GPU_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
@@ -60,6 +68,11 @@ _FIELDS: dict[str, tuple[Metric, ...]] = {
     "requests": (Metric.REQUEST_SUCCESS,),
     "prompt_tokens": (Metric.PROMPT_TOKENS,),
     "generation_tokens": (Metric.GENERATION_TOKENS,),
+    "ttft_seconds": (Metric.TTFT_SUM,),
+    "ttft_count": (Metric.TTFT_COUNT,),
+    "queue_seconds": (Metric.QUEUE_SUM,),
+    "queue_count": (Metric.QUEUE_COUNT,),
+    "prefill_seconds": (Metric.PREFILL_SUM,),
 }
 _MEAN = frozenset({"kv_usage"})
 # Every vLLM version shoal supports exposes these; a scrape without them is
@@ -68,8 +81,7 @@ _REQUIRED = ("running", "waiting", "kv_usage")
 GAUGES = frozenset({"running", "waiting", "kv_usage"})
 COUNTERS = tuple(name for name in _FIELDS if name not in GAUGES)
 
-# A wanted sample line starts with its name and then `{` or a space.
-_WANTED = tuple(f"{name}{end}" for name in Metric for end in ("{", " "))
+_NAMES = frozenset(Metric)
 _CACHE_CONFIG = (f"{Metric.CACHE_CONFIG}{{", f"{Metric.CACHE_CONFIG} ")
 # A line's first _KEY characters, looked up in a set, pass over the hundreds
 # of other lines (histogram buckets mostly) at a fraction of the cost of
@@ -108,6 +120,11 @@ class MetricsSnapshot:
     requests: float = 0.0  # finished, any reason
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
+    ttft_seconds: float = 0.0  # arrival to first token, summed over ttft_count requests
+    ttft_count: float = 0.0
+    queue_seconds: float = 0.0  # arrival to first scheduled, summed over queue_count ended ones
+    queue_count: float = 0.0
+    prefill_seconds: float = 0.0  # first scheduled to first token, over the same ones
     block_size: int | None = None
     gpu_blocks: int | None = None  # None until vLLM has allocated the KV cache
 
@@ -124,6 +141,23 @@ class MetricsSnapshot:
     @property
     def hit_rate(self) -> float:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else math.nan
+
+    @property
+    def mean_ttft(self) -> float:
+        """Seconds from arrival to first token, on the engine's own clock."""
+        return self.ttft_seconds / self.ttft_count if self.ttft_count else math.nan
+
+    @property
+    def mean_queue(self) -> float:
+        """Seconds a request waited to be scheduled (its share of the TTFT
+        spent behind other requests' steps)."""
+        return self.queue_seconds / self.queue_count if self.queue_count else math.nan
+
+    @property
+    def mean_prefill(self) -> float:
+        """Seconds from first scheduled to first token: its own prefill, and
+        whatever else ran in those steps."""
+        return self.prefill_seconds / self.queue_count if self.queue_count else math.nan
 
     @property
     def computed_prompt_tokens(self) -> float:
@@ -156,7 +190,12 @@ def parse(text: str) -> MetricsSnapshot:
     counts: dict[str, int] = {}
     config: str | None = None
     for line in text.splitlines():
-        if line[:_KEY] not in _KEYS or not line.startswith(_WANTED):
+        if line[:_KEY] not in _KEYS:
+            continue
+        # The sample's name ends at its labels' `{`, or at the space before
+        # its value. (Histogram buckets share their _sum's first characters.)
+        end = line.find("{")
+        if line[: end if end > 0 else line.find(" ")] not in _NAMES:
             continue
         if line.startswith(_CACHE_CONFIG):
             if config is None:  # one per engine, alike but for the engine label
