@@ -81,6 +81,13 @@ def test_bench_reports_latency_throughput_and_engine_counters(tmp_path: Path) ->
     workload = synthetic("shared-prefix", count=40, tenants=3)
     ideal = ideal_hit_rate(workload.requests, profile=PROFILES[spec.profile])
     assert 0.2 < result["prefix_hit_rate"] <= ideal + 1e-9
+    # Where the time to first token went, from the engines' histograms: the
+    # simulator's is its queue plus its prefill, and the client saw more.
+    assert result["engine_queue_ms"] >= 0 and result["engine_prefill_ms"] > 0
+    assert result["engine_queue_ms"] + result["engine_prefill_ms"] == pytest.approx(
+        result["engine_ttft_ms"]
+    )
+    assert 0 < result["outside_ttft_ms"] < result["engine_ttft_ms"]
     assert (tmp_path / "run.png").read_bytes()[:8] == PNG_MAGIC
 
 
@@ -199,6 +206,8 @@ def test_compare_runs_each_policy_on_the_same_workload(tmp_path: Path) -> None:
         assert 4 < result["request_throughput"] < 12, "about the offered 8 per engine second"
         assert 0 < result["prefix_hit_rate"] <= ideal + 1e-9
         assert result["ideal_prefix_hit_rate"] == ideal
+        # On engine time too: outside the engines is a small part of the TTFT.
+        assert 0 < result["outside_ttft_ms"] < result["engine_ttft_ms"]
     # Each run had fresh engines: its counters start from zero (cold caches).
     assert all(r["engine_requests"] == 24 for r in results.values())
     assert results[("round-robin", 8.0)]["request_imbalance"] == pytest.approx(1.0)

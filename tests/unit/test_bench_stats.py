@@ -1,19 +1,23 @@
 """Benchmark summaries: statistics under vllm bench serve's names, engine
-counters turned into hit rates and work shares, knees and the operating
+counters turned into hit rates, work shares and the parts of the time to
+first token, knees and the operating
 point of a sweep, and the demo's live view, all from plain data."""
 
 from __future__ import annotations
 
 import math
 import random
+import re
 
 import numpy
 import pytest
+from rich.console import Console
 
 from shoal.bench.cli import json_safe
 from shoal.bench.compare import knee, knees, operating_point
 from shoal.bench.driver import Outcome
 from shoal.bench.engines import fleet_report
+from shoal.bench.report import ttft_table
 from shoal.bench.stats import by_group, errors, percentile, routed, summarize
 from shoal.demo.cli import load_scores
 from shoal.demo.view import Snapshot, client_line, replica_rows
@@ -105,6 +109,56 @@ def test_fleet_report_is_the_runs_delta_with_shares_and_a_missing_replica() -> N
     assert replicas["b"]["prefill_share"] == pytest.approx(800 / 1000)
     assert replicas["c"] == {"url": "c", "scraped": False}
     assert report["request_imbalance"] == pytest.approx(1.5)
+
+
+def test_fleet_report_says_where_the_engines_spent_the_time_to_first_token() -> None:
+    before = {
+        "a": MetricsSnapshot(ttft_seconds=9, ttft_count=9, queue_seconds=5, queue_count=9),
+        "b": MetricsSnapshot(),
+    }
+    after = {
+        "a": MetricsSnapshot(
+            ttft_seconds=9.3,
+            ttft_count=12,
+            queue_seconds=5.1,
+            queue_count=11,
+            prefill_seconds=0.08,
+        ),
+        "b": MetricsSnapshot(
+            ttft_seconds=0.1, ttft_count=1, queue_seconds=0.02, queue_count=2, prefill_seconds=0.07
+        ),
+    }
+    report = fleet_report(before, after)
+    # Over the run only: 4 first tokens in 0.4 s, 4 ended requests.
+    assert report["engine_ttft_ms"] == pytest.approx(100.0)
+    assert report["engine_queue_ms"] == pytest.approx(30.0)
+    assert report["engine_prefill_ms"] == pytest.approx(37.5)
+
+
+def test_ttft_table_shows_each_runs_parts_and_nothing_without_engines() -> None:
+    assert ttft_table([{"policy": "x", "mean_ttft_ms": 3.0}]) is None
+    assert ttft_table([{"policy": "x", "engine_ttft_ms": math.nan}]) is None
+    runs = [
+        {
+            "policy": "cache-aware",
+            "rate": rate,
+            "mean_ttft_ms": 31.8,
+            "engine_ttft_ms": 30.5,
+            "engine_queue_ms": 2.31,
+            "engine_prefill_ms": 28.19,
+            "outside_ttft_ms": 1.3,
+            "seeds": [0, 1],
+        }
+        for rate in (15.0, 30.0)
+    ]
+    table = ttft_table(runs)
+    assert table is not None
+    console = Console(record=True, width=200)
+    console.print(table)
+    shown = console.export_text()
+    assert "15/s" in shown and "30/s" in shown
+    assert "median over seeds" in shown, "medians of the parts need not add up to the mean's"
+    assert re.search(r"cache-aware\W+15/s\W+31\.8\W+2\.3\W+28\.2\W+1\.3\W", shown), shown
 
 
 def _run(

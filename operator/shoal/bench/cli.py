@@ -21,7 +21,13 @@ from shoal.bench.local import FleetSpec
 from shoal.bench.measure import first_model, measure
 from shoal.bench.peers import PEERS, expand_peers
 from shoal.bench.plot import plot_results, plot_run
-from shoal.bench.report import knees_table, peers_line, replicas_table, results_table
+from shoal.bench.report import (
+    knees_table,
+    peers_line,
+    replicas_table,
+    results_table,
+    ttft_table,
+)
 from shoal.bench.trace import TraceError, load_trace
 from shoal.bench.workloads import GENERATORS, Workload, synthetic
 from shoal.sim.profiles import DEFAULT_PROFILE, PROFILES
@@ -311,6 +317,8 @@ def run_bench(args: argparse.Namespace) -> int:
         )
         if result.get("replicas"):
             stdout.print(replicas_table(result))
+        if (parts := ttft_table([{"label": label, **result}])) is not None:
+            stdout.print(parts)
         if result["errors"]:
             stdout.print("errors:", result["errors"])
     if not args.no_plot:
@@ -410,6 +418,8 @@ def run_compare_command(args: argparse.Namespace) -> int:
     rows = report.get("summary") or report["results"]
     if args.output == "table":
         stdout.print(results_table(rows, title=title, caption=caption))
+        if (parts := ttft_table(rows)) is not None:
+            stdout.print(parts)
         if report["peers"]:
             stdout.print(peers_line(rows))
         if "knees" in report:

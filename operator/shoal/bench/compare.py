@@ -220,6 +220,10 @@ SUMMED_UP = (
     "preemptions",
     "request_imbalance",
     "ideal_prefix_hit_rate",
+    "engine_ttft_ms",
+    "engine_queue_ms",
+    "engine_prefill_ms",
+    "outside_ttft_ms",
 )
 
 

@@ -33,8 +33,9 @@ async def scrape(
 def fleet_report(
     before: Mapping[str, MetricsSnapshot | None], after: Mapping[str, MetricsSnapshot | None]
 ) -> dict[str, object]:
-    """Prefix hit rate, preemptions and each replica's share of the work over
-    a run. A replica missing from either read is reported without numbers."""
+    """Prefix hit rate, preemptions, where the engines spent the time to
+    first token, and each replica's share of the work over a run. A replica
+    missing from either read is reported without numbers."""
     deltas = {
         url: a.since(b)
         for url, b in before.items()
@@ -70,6 +71,11 @@ def fleet_report(
         "engine_requests": summed.requests,
         # Busiest replica's share over an even share: 1.0 is perfectly even.
         "request_imbalance": max(shares) * len(shares) if shares else math.nan,
+        # Where the time to first token went, on the engines' own clocks
+        # (engine time under a simulator's time scale, as the client's is).
+        "engine_ttft_ms": summed.mean_ttft * 1000,
+        "engine_queue_ms": summed.mean_queue * 1000,
+        "engine_prefill_ms": summed.mean_prefill * 1000,
         "replicas": replicas,
     }
 

@@ -64,4 +64,7 @@ async def measure(
     result["routed"] = routed(run.outcomes)
     if engines:
         result.update(fleet_report(before, after))
+        # The client's mean TTFT less the engines' own: the router, HTTP and
+        # the client's event loop (both on engine time).
+        result["outside_ttft_ms"] = result["mean_ttft_ms"] - result["engine_ttft_ms"]
     return result, run.outcomes

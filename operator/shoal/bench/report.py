@@ -75,6 +75,42 @@ def results_table(
     return table
 
 
+_TTFT_PARTS: tuple[tuple[str, str, str], ...] = (
+    ("TTFT mean ms", "mean_ttft_ms", "{:.1f}"),
+    ("engines' queue ms", "engine_queue_ms", "{:.1f}"),
+    ("engines' prefill ms", "engine_prefill_ms", "{:.1f}"),
+    ("outside the engines ms", "outside_ttft_ms", "{:.1f}"),
+)
+
+
+def ttft_table(results: Sequence[dict[str, Any]]) -> Table | None:
+    """Where each run's mean time to first token went: waiting in an engine
+    to be scheduled, from then to the first token (its prefill and what ran
+    beside it), and outside the engines (router, HTTP, client). None when no
+    run read the engines' histograms."""
+    if not any(cell(r, "engine_ttft_ms", "{}") != "-" for r in results):
+        return None
+    rates = {r.get("rate") for r in results}
+    several = any(len(r.get("seeds") or ()) > 1 for r in results)
+    table = Table(
+        title="where the mean TTFT went (engines' own histograms)",
+        caption="each a median over seeds, so the parts need not add up" if several else None,
+        header_style="bold",
+    )
+    table.add_column("policy" if "policy" in results[0] else "run", no_wrap=True)
+    if len(rates) > 1:
+        table.add_column("rate")
+    for title, _, _ in _TTFT_PARTS:
+        table.add_column(title, justify="right")
+    for result in results:
+        row = [str(result.get("policy") or result.get("label") or "-")]
+        if len(rates) > 1:
+            row.append(f"{result['rate']:g}/s")
+        row += [cell(result, key, fmt) for _, key, fmt in _TTFT_PARTS]
+        table.add_row(*row)
+    return table
+
+
 def replicas_table(result: dict[str, Any]) -> Table:
     """Each engine's share of one run's work, from its own counters."""
     table = Table(title="replicas (engine counters)", header_style="bold")
