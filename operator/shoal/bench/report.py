@@ -32,6 +32,22 @@ def cell(result: dict[str, Any], key: str, fmt: str) -> str:
     return fmt.format(value)
 
 
+class _Lead:
+    """A table's leading columns: what ran (a policy, or a run's label) and,
+    when the results span several rates, the rate."""
+
+    def __init__(self, results: Sequence[dict[str, Any]], table: Table) -> None:
+        self.rates = len({r.get("rate") for r in results}) > 1
+        # no_wrap: peer policies have long names.
+        table.add_column("policy" if "policy" in results[0] else "run", no_wrap=True)
+        if self.rates:
+            table.add_column("rate", no_wrap=True)
+
+    def cells(self, result: dict[str, Any]) -> list[str]:
+        what = str(result.get("policy") or result.get("label") or "-")
+        return [what, f"{result['rate']:g}/s"] if self.rates else [what]
+
+
 def _group_columns(results: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     """Per-group E2E columns when results are split by group (long-tail)."""
     groups: list[str] = []
@@ -46,13 +62,8 @@ def results_table(
     results: Sequence[dict[str, Any]], *, title: str, caption: str | None = None
 ) -> Table:
     """One row per run: a policy (and rate, when several were swept)."""
-    rates = {r.get("rate") for r in results}
     table = Table(title=title, caption=caption, header_style="bold")
-    lead = ["policy"] if "policy" in results[0] else ["run"]
-    if len(rates) > 1:
-        lead.append("rate")
-    for name in lead:
-        table.add_column(name, no_wrap=True)  # peer policies have long names
+    lead = _Lead(results, table)
     for title_, _, _ in _COLUMNS:
         table.add_column(title_, justify="right")
     group_columns = _group_columns(results)
@@ -62,10 +73,7 @@ def results_table(
     if spread:
         table.add_column("TTFT p99 seeds min-max", justify="right")
     for result in results:
-        row = [str(result.get("policy") or result.get("label") or "-")]
-        if len(rates) > 1:
-            row.append(f"{result['rate']:g}/s")
-        row += [cell(result, key, fmt) for _, key, fmt in _COLUMNS]
+        row = lead.cells(result) + [cell(result, key, fmt) for _, key, fmt in _COLUMNS]
         for _, group in group_columns:
             row.append(cell((result.get("groups") or {}).get(group, {}), "p99_e2el_ms", "{:.0f}"))
         if spread:
@@ -90,24 +98,17 @@ def ttft_table(results: Sequence[dict[str, Any]]) -> Table | None:
     run read the engines' histograms."""
     if not any(cell(r, "engine_ttft_ms", "{}") != "-" for r in results):
         return None
-    rates = {r.get("rate") for r in results}
     several = any(len(r.get("seeds") or ()) > 1 for r in results)
     table = Table(
         title="where the mean TTFT went (engines' own histograms)",
         caption="each a median over seeds, so the parts need not add up" if several else None,
         header_style="bold",
     )
-    table.add_column("policy" if "policy" in results[0] else "run", no_wrap=True)
-    if len(rates) > 1:
-        table.add_column("rate")
+    lead = _Lead(results, table)
     for title, _, _ in _TTFT_PARTS:
         table.add_column(title, justify="right")
     for result in results:
-        row = [str(result.get("policy") or result.get("label") or "-")]
-        if len(rates) > 1:
-            row.append(f"{result['rate']:g}/s")
-        row += [cell(result, key, fmt) for _, key, fmt in _TTFT_PARTS]
-        table.add_row(*row)
+        table.add_row(*lead.cells(result), *(cell(result, k, fmt) for _, k, fmt in _TTFT_PARTS))
     return table
 
 

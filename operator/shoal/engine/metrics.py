@@ -122,7 +122,7 @@ class MetricsSnapshot:
     generation_tokens: float = 0.0
     ttft_seconds: float = 0.0  # arrival to first token, summed over ttft_count requests
     ttft_count: float = 0.0
-    queue_seconds: float = 0.0  # arrival to first scheduled, summed over queue_count ended ones
+    queue_seconds: float = 0.0  # queued to first scheduled, summed over queue_count ended ones
     queue_count: float = 0.0
     prefill_seconds: float = 0.0  # first scheduled to first token, over the same ones
     block_size: int | None = None
