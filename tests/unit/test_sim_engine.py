@@ -199,6 +199,28 @@ def test_ttft_holds_the_frontends_time_and_queue_time_starts_at_the_scheduler() 
     assert seconds["ttft"] == pytest.approx(3 * frontend + seconds["queue"] + seconds["prefill"])
 
 
+def test_without_a_frontend_a_request_is_queued_the_moment_it_arrives() -> None:
+    """The h100 profile has no frontend time: TTFT is exactly queue plus
+    prefill. On the real clock at 200x, the microseconds submit itself takes
+    would otherwise open a gap (a CI run saw 0.03 ms a request)."""
+    config = dataclasses.replace(
+        TINY, profile=PROFILES["h100-llama3-8b"], kv_cache_memory_bytes=None
+    )
+
+    async def body(engine: Engine) -> tuple[float | None, float, list[float]]:
+        stream = submit(engine, list(range(20, 520)), 2)
+        await finish(stream)
+        sums = [
+            counter(engine, f"vllm:{name}_seconds_sum")
+            for name in ("time_to_first_token", "request_queue_time", "request_prefill_time")
+        ]
+        return stream.seq.queued, stream.seq.arrival, sums
+
+    queued, arrival, (ttft, queue, prefill) = run(body, config)
+    assert queued == arrival
+    assert ttft == pytest.approx(queue + prefill, rel=1e-9)
+
+
 def test_a_slow_reader_still_gets_every_token_and_the_finish() -> None:
     """The engine may finish while the reader is busy with the previous delta."""
 

@@ -158,13 +158,15 @@ class Engine:
         if delay > 0:
             asyncio.get_running_loop().call_later(delay, self._enqueue, stream)
         else:
-            self._enqueue(stream)
+            # No frontend: it reaches the scheduler as it arrives. (A second
+            # reading of the clock would put microseconds between the two.)
+            self._enqueue(stream, at=seq.arrival)
         return stream
 
-    def _enqueue(self, stream: RequestStream) -> None:
+    def _enqueue(self, stream: RequestStream, at: float | None = None) -> None:
         if stream.seq.status is Status.FINISHED or self.dead:
             return  # aborted, or the engine died, before the frontend handed it over
-        stream.seq.queued = self.now()
+        stream.seq.queued = self.now() if at is None else at
         self.scheduler.add(stream.seq)
         self._publish_state()
         self._wake.set()
