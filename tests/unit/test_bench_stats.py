@@ -1,7 +1,7 @@
 """Benchmark summaries: statistics under vllm bench serve's names, engine
 counters turned into hit rates, work shares and the parts of the time to
-first token, knees and the operating
-point of a sweep, and the demo's live view, all from plain data."""
+first token, knees and the operating point of a sweep, and the demo's live
+view, all from plain data."""
 
 from __future__ import annotations
 
