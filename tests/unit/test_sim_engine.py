@@ -10,6 +10,7 @@ from typing import TypeVar
 import looptime
 import pytest
 
+from shoal.engine.metrics import Metric
 from shoal.sim.config import EngineConfig
 from shoal.sim.engine import Engine, EngineDeadError, RequestStream
 from shoal.sim.faults import Faults
@@ -55,6 +56,15 @@ def run(
 
 def counter(engine: Engine, name: str) -> float:
     return value(parse_exposition(engine.metrics.exposition().decode())[1], name)
+
+
+def ttft_parts(engine: Engine) -> tuple[float, float, float]:
+    """The sums of the engine's TTFT, queue and prefill times, read by the
+    names shoal's parser reads."""
+    ttft, queue, prefill = (
+        counter(engine, name) for name in (Metric.TTFT_SUM, Metric.QUEUE_SUM, Metric.PREFILL_SUM)
+    )
+    return ttft, queue, prefill
 
 
 async def finish(stream: RequestStream) -> list[int]:
@@ -179,24 +189,17 @@ def test_ttft_holds_the_frontends_time_and_queue_time_starts_at_the_scheduler() 
     frontend = TINY.profile.frontend_s
     assert frontend > 0
 
-    async def body(engine: Engine) -> dict[str, float]:
+    async def body(engine: Engine) -> tuple[float, float, float]:
         streams = [
             submit(engine, [20 + (i * 7 + n) % 1000 for n in range(1500)], 2) for i in range(3)
         ]
         for stream in streams:
             await finish(stream)
-        return {
-            part: counter(engine, f"vllm:{name}_seconds_sum")
-            for part, name in (
-                ("ttft", "time_to_first_token"),
-                ("queue", "request_queue_time"),
-                ("prefill", "request_prefill_time"),
-            )
-        }
+        return ttft_parts(engine)
 
-    seconds = run(body, fake_time=True)
-    assert seconds["queue"] > 0, "the third prompt waited for the step budget"
-    assert seconds["ttft"] == pytest.approx(3 * frontend + seconds["queue"] + seconds["prefill"])
+    ttft, queue, prefill = run(body, fake_time=True)
+    assert queue > 0, "the third prompt waited for the step budget"
+    assert ttft == pytest.approx(3 * frontend + queue + prefill)
 
 
 def test_without_a_frontend_a_request_is_queued_the_moment_it_arrives() -> None:
@@ -207,14 +210,10 @@ def test_without_a_frontend_a_request_is_queued_the_moment_it_arrives() -> None:
         TINY, profile=PROFILES["h100-llama3-8b"], kv_cache_memory_bytes=None
     )
 
-    async def body(engine: Engine) -> tuple[float | None, float, list[float]]:
+    async def body(engine: Engine) -> tuple[float | None, float, tuple[float, float, float]]:
         stream = submit(engine, list(range(20, 520)), 2)
         await finish(stream)
-        sums = [
-            counter(engine, f"vllm:{name}_seconds_sum")
-            for name in ("time_to_first_token", "request_queue_time", "request_prefill_time")
-        ]
-        return stream.seq.queued, stream.seq.arrival, sums
+        return stream.seq.queued, stream.seq.arrival, ttft_parts(engine)
 
     queued, arrival, (ttft, queue, prefill) = run(body, config)
     assert queued == arrival
