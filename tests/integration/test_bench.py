@@ -87,7 +87,7 @@ def test_bench_reports_latency_throughput_and_engine_counters(tmp_path: Path) ->
     assert result["engine_queue_ms"] + result["engine_prefill_ms"] == pytest.approx(
         result["engine_ttft_ms"]
     )
-    assert 0 < result["outside_ttft_ms"] < result["engine_ttft_ms"]
+    assert result["outside_ttft_ms"] > 0, "the client saw more than the engines"
     assert (tmp_path / "run.png").read_bytes()[:8] == PNG_MAGIC
 
 
@@ -206,8 +206,11 @@ def test_compare_runs_each_policy_on_the_same_workload(tmp_path: Path) -> None:
         assert 4 < result["request_throughput"] < 12, "about the offered 8 per engine second"
         assert 0 < result["prefix_hit_rate"] <= ideal + 1e-9
         assert result["ideal_prefix_hit_rate"] == ideal
-        # On engine time too: outside the engines is a small part of the TTFT.
-        assert 0 < result["outside_ttft_ms"] < result["engine_ttft_ms"]
+        # On engine time too, the client saw more than the engines. How much
+        # more has no bound: the router, HTTP and the client are on the
+        # machine's time, which a loaded machine stretches (a cold CI run:
+        # 38.8 ms outside against the engines' 38.4).
+        assert result["outside_ttft_ms"] > 0 and result["engine_ttft_ms"] > 0
     # Each run had fresh engines: its counters start from zero (cold caches).
     assert all(r["engine_requests"] == 24 for r in results.values())
     assert results[("round-robin", 8.0)]["request_imbalance"] == pytest.approx(1.0)
