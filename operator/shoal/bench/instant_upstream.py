@@ -1,10 +1,11 @@
 """An upstream that answers at once, for measuring the router's own cost.
 
-Non-streamed completions get a small vLLM-shaped body straight away;
-streamed ones get `chunks` SSE chunks `interval` seconds apart, then
-`[DONE]`. Each streamed chunk carries `"t"`, the CLOCK_MONOTONIC time in
-nanoseconds at which it was written, so a client on the same machine can tell
-how long the chunk took to reach it (directly or through the router).
+Non-streamed completions and chat completions (whatever they ask) get a
+small vLLM-shaped body straight away; streamed completions get `chunks` SSE
+chunks `interval` seconds apart, then `[DONE]`. Each streamed chunk carries
+`"t"`, the CLOCK_MONOTONIC time in nanoseconds at which it was written, so a
+client on the same machine can tell how long the chunk took to reach it
+(directly or through the router).
 `/metrics` shows an idle engine, so the router treats it as healthy.
 
 It runs on uvloop and does as little per chunk as it can: its cost is shared
@@ -34,6 +35,22 @@ _BODY = json.dumps(
                 "logprobs": None,
                 "finish_reason": "length",
                 "stop_reason": None,
+            }
+        ],
+        "usage": {"prompt_tokens": 4, "total_tokens": 5, "completion_tokens": 1},
+    }
+).encode()
+_CHAT_BODY = json.dumps(
+    {
+        "id": "chatcmpl-0",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": " ok"},
+                "finish_reason": "length",
             }
         ],
         "usage": {"prompt_tokens": 4, "total_tokens": 5, "completion_tokens": 1},
@@ -77,6 +94,10 @@ def build_app(*, chunks: int, interval: float) -> web.Application:
             pass  # the caller hung up (a router aborting for its client)
         return response
 
+    async def chat(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=_CHAT_BODY, content_type="application/json")
+
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=_METRICS, content_type="text/plain")
 
@@ -88,6 +109,7 @@ def build_app(*, chunks: int, interval: float) -> web.Application:
 
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)

@@ -7,7 +7,10 @@ same whether it calls the upstream directly or through the router.
 
 - Throughput: wrk drives small non-streamed completions directly at the
   instant upstream and at the router, alternately, `--rounds` times each.
-  Target: >= 2,500 requests/s through the router.
+  Target: >= 2,500 requests/s through the router. `--workload NAME` sends
+  instead the first request of that benchmark workload, not streamed and one
+  token long (shared-prefix: a ~9 KB chat with a long system prompt): the
+  routers' cost per request on the prompts the routing benchmarks send.
 - Added latency: `--streams` (256) concurrent streams in a closed loop, each
   streaming one completion after another, directly and through the router,
   alternately (in the same run, against the same upstream process). The
@@ -63,6 +66,8 @@ import uvloop
 
 from shoal.bench.peers import expand_peers, parse_peer_policy, start_peer, wait_routing
 from shoal.bench.stats import percentile
+from shoal.bench.workloads import GENERATORS, synthetic
+from shoal.engine.endpoints import COMPLETIONS
 from shoal.procs import (
     HOST,
     LocalProcess,
@@ -76,13 +81,10 @@ from shoal.procs import (
 ROUTER_CORE = 0
 LOAD_CORE = 1
 
-_PLAIN_BODY = b'{"model": "m", "prompt": "Say hello to the router benchmark.", "max_tokens": 1}'
-_STREAM_BODY = b'{"model": "m", "prompt": "stream please", "max_tokens": 16, "stream": true}'
-
 _LUA = """
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.body = '%s'
+wrk.body = [==[%s]==]
 done = function(summary, latency, requests)
   io.write(string.format("LAT %%d %%d %%d %%d\\n", summary.requests,
     latency:percentile(50), latency:percentile(99), latency.max))
@@ -134,11 +136,32 @@ class Meter:
 # ---- wrk
 
 
+@dataclass(frozen=True)
+class Request:
+    """What wrk sends: one body, again and again."""
+
+    body: bytes
+    path: str = COMPLETIONS
+
+
+_PLAIN = Request(b'{"model": "m", "prompt": "Say hello to the router benchmark.", "max_tokens": 1}')
+_STREAM = Request(b'{"model": "m", "prompt": "stream please", "max_tokens": 16, "stream": true}')
+
+
+def workload_request(name: str) -> Request:
+    """The first request of a named benchmark workload, not streamed and one
+    token long."""
+    first = synthetic(name, count=1).requests[0]
+    body = {**first.body("m"), "stream": False, "max_tokens": 1}
+    del body["stream_options"]
+    return Request(json.dumps(body).encode(), first.path)
+
+
 def _wrk(
-    port: int, *, seconds: float, connections: int, body: bytes, tmp: Path
+    port: int, *, seconds: float, connections: int, request: Request, tmp: Path
 ) -> dict[str, float]:
     script = tmp / "post.lua"
-    script.write_text(_LUA % body.decode())
+    script.write_text(_LUA % request.body.decode())
     out = subprocess.run(
         [
             "taskset",
@@ -153,7 +176,7 @@ def _wrk(
             f"{max(1, round(seconds))}s",
             "-s",
             str(script),
-            f"http://127.0.0.1:{port}/v1/completions",
+            f"http://127.0.0.1:{port}{request.path}",
         ],
         capture_output=True,
         text=True,
@@ -300,7 +323,7 @@ async def _streams(
     request = (
         b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
         b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-        % (port, len(_STREAM_BODY), _STREAM_BODY)
+        % (port, len(_STREAM.body), _STREAM.body)
     )
     samples = StreamSamples()
     deadline = time.monotonic_ns() + int((warmup + seconds) * 1e9)
@@ -423,7 +446,7 @@ def _wrk_rounds(
     rounds: int,
     seconds: float,
     connections: int,
-    body: bytes,
+    request: Request,
     tmp: Path,
     names: Sequence[str] = ("direct", "router"),
 ) -> dict[str, list[dict[str, Any]]]:
@@ -434,7 +457,11 @@ def _wrk_rounds(
         for name in order:
             with Meter(pids) as meter:
                 run = _wrk(
-                    targets[name], seconds=seconds, connections=connections, body=body, tmp=tmp
+                    targets[name],
+                    seconds=seconds,
+                    connections=connections,
+                    request=request,
+                    tmp=tmp,
                 )
             run.update(meter.cpu)
             runs[name].append(run)
@@ -467,6 +494,11 @@ def main() -> None:
     parser.add_argument("--skip-streams", action="store_true")
     parser.add_argument("--wrk-streams", action="store_true", help="also wrk on the stream load")
     parser.add_argument("--router-args", default="", help="extra `shoal router` arguments")
+    parser.add_argument(
+        "--workload",
+        choices=sorted(GENERATORS),
+        help="wrk sends this workload's first request (not streamed) instead of a tiny prompt",
+    )
     parser.add_argument(
         "--peers",
         default="vllm-router:cache_aware,smg:cache_aware",
@@ -568,9 +600,11 @@ def _run(
         }
         wrk_rounds = functools.partial(_wrk_rounds, targets, pids, rounds=args.rounds, tmp=tmp)
         if not args.skip_throughput:
+            request = workload_request(args.workload) if args.workload else _PLAIN
+            result["request"] = {"path": request.path, "body_bytes": len(request.body)}
             names = ["direct", "router", *peers]
             runs = wrk_rounds(
-                seconds=args.seconds, connections=args.connections, body=_PLAIN_BODY, names=names
+                seconds=args.seconds, connections=args.connections, request=request, names=names
             )
             for name in names:
                 cpu_key = "router_cpu" if name in ("direct", "router") else f"{name}_cpu"
@@ -601,7 +635,7 @@ def _run(
             low = wrk_rounds(
                 seconds=args.seconds,
                 connections=args.low_connections,
-                body=_PLAIN_BODY,
+                request=request,
                 names=names,
             )
             result["latency_low_connections"] = {
@@ -668,7 +702,7 @@ def _run(
             }
         if args.wrk_streams:
             wrk_runs = wrk_rounds(
-                seconds=args.stream_seconds, connections=args.streams, body=_STREAM_BODY
+                seconds=args.stream_seconds, connections=args.streams, request=_STREAM
             )
             result["wrk_streams"] = {
                 "added_p50_ms_median": round(

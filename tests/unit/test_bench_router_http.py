@@ -1,0 +1,46 @@
+"""What `make bench-router`'s wrk sends, and the instant upstream answering it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from shoal.bench.instant_upstream import build_app
+from shoal.bench.router_http import workload_request
+from shoal.bench.workloads import GENERATORS
+from shoal.engine.endpoints import CHAT_COMPLETIONS
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS))
+def test_a_workloads_request_goes_out_whole_unstreamed_and_one_token_long(name: str) -> None:
+    request = workload_request(name)
+    body = json.loads(request.body)
+    assert body["stream"] is False
+    assert body["max_tokens"] == 1
+    assert "stream_options" not in body
+    # wrk's script holds the body in a Lua long string, which this would end.
+    assert b"]==]" not in request.body
+
+
+def test_a_shared_prefix_request_is_a_chat_with_a_long_system_prompt() -> None:
+    request = workload_request("shared-prefix")
+    body = json.loads(request.body)
+    assert request.path == CHAT_COMPLETIONS
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert len(request.body) > 8_000
+
+
+def test_the_instant_upstream_answers_a_chat_completion_at_once() -> None:
+    async def call() -> tuple[int, dict[str, object]]:
+        async with TestClient(TestServer(build_app(chunks=1, interval=0.0))) as client:
+            response = await client.post(
+                CHAT_COMPLETIONS, data=workload_request("shared-prefix").body
+            )
+            return response.status, await response.json()
+
+    status, answer = asyncio.run(call())
+    assert status == 200
+    assert answer["object"] == "chat.completion"
