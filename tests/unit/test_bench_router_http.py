@@ -1,15 +1,17 @@
-"""What `make bench-router`'s wrk sends, and the instant upstream answering it."""
+"""What `make bench-router`'s wrk sends, the instant upstream answering it, and
+each router's CPU per request."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from shoal.bench.instant_upstream import build_app
-from shoal.bench.router_http import workload_request
+from shoal.bench.router_http import _cpu_per_request, workload_request
 from shoal.bench.workloads import GENERATORS
 from shoal.engine.endpoints import CHAT_COMPLETIONS
 
@@ -44,3 +46,16 @@ def test_the_instant_upstream_answers_a_chat_completion_at_once() -> None:
     status, answer = asyncio.run(call())
     assert status == 200
     assert answer["object"] == "chat.completion"
+
+
+def test_each_router_is_charged_its_own_cpu_per_request() -> None:
+    """Direct and shoal's rounds read the shoal process's CPU, a peer's its own."""
+    cpu = {"router_cpu": 0.5, "smg:cache_aware_cpu": 0.9}
+    runs: dict[str, list[dict[str, Any]]] = {
+        "direct": [{**cpu, "requests_per_second": 20_000.0}],
+        "router": [{**cpu, "requests_per_second": 5_000.0}],
+        "smg:cache_aware": [{**cpu, "requests_per_second": 6_000.0}],
+    }
+    _cpu_per_request(runs)
+    charged = {name: rounds[0]["router_cpu_us_per_request"] for name, rounds in runs.items()}
+    assert charged == {"direct": 25.0, "router": 100.0, "smg:cache_aware": 150.0}

@@ -468,6 +468,18 @@ def _wrk_rounds(
     return runs
 
 
+def _cpu_per_request(runs: dict[str, list[dict[str, Any]]]) -> None:
+    """Adds to each wrk run its router's CPU per request, robust to other
+    load on the machine (1e6 / this = requests/s on a whole core); direct
+    runs get the idle router's, next to nothing."""
+    for name, rounds in runs.items():
+        cpu_key = "router_cpu" if name in ("direct", "router") else f"{name}_cpu"
+        for run in rounds:
+            run["router_cpu_us_per_request"] = round(
+                float(run[cpu_key]) * 1e6 / run["requests_per_second"], 1
+            )
+
+
 def _added(prefix: str, runs: dict[str, list[dict[str, Any]]], name: str) -> dict[str, float]:
     """This round's latencies through `name` minus direct."""
     return {
@@ -606,14 +618,7 @@ def _run(
             runs = wrk_rounds(
                 seconds=args.seconds, connections=args.connections, request=request, names=names
             )
-            for name in names:
-                cpu_key = "router_cpu" if name in ("direct", "router") else f"{name}_cpu"
-                for run in runs[name]:
-                    # Robust to other load on the machine: the router's CPU
-                    # per request (1e6 / this = requests/s on a whole core).
-                    run["router_cpu_us_per_request"] = round(
-                        float(run[cpu_key]) * 1e6 / run["requests_per_second"], 1
-                    )
+            _cpu_per_request(runs)
             result["throughput"] = {
                 "connections": args.connections,
                 "direct_rps_median": _median_of(runs["direct"], "requests_per_second"),
@@ -638,6 +643,7 @@ def _run(
                 request=request,
                 names=names,
             )
+            _cpu_per_request(low)
             result["latency_low_connections"] = {
                 "connections": args.low_connections,
                 **{
@@ -645,6 +651,10 @@ def _run(
                         "p50_ms_median": _median_of(low[name], "p50_ms"),
                         "p99_ms_median": _median_of(low[name], "p99_ms"),
                         "rps_median": _median_of(low[name], "requests_per_second"),
+                        # A saturated core: latency ~ connections x this.
+                        "cpu_us_per_request_median": _median_of(
+                            low[name], "router_cpu_us_per_request"
+                        ),
                     }
                     for name in names
                 },
