@@ -12,6 +12,7 @@ import pytest
 
 from shoal.bench.compare import over_seeds
 from shoal.bench.peers import PEERS, expand_peers, parse_peer_policy, pins_key
+from shoal.bench.report import ideal_caption
 
 
 def test_a_bare_peer_name_runs_its_best_policies_and_peer_policy_just_that_one() -> None:
@@ -77,3 +78,19 @@ def test_seeds_sum_up_to_medians_with_the_p99_spread_and_nan_left_out() -> None:
     assert rows["a"]["prefix_hit_rate"] == pytest.approx(0.6)
     assert rows["a"]["seeds"] == [0, 1, 2]
     assert rows["b"]["p99_ttft_ms"] == 50.0
+
+
+def test_over_seeds_the_ideal_hit_rate_shown_is_their_median_not_the_first_seeds() -> None:
+    """Beside median hit rates, seed 0's ideal (82.4% in session 23's run)
+    sat below shoal's median hits (83.9%), as if it beat one infinite replica."""
+    ideals = {0: 0.824, 1: 0.832, 2: 0.839, 3: 0.853, 4: 0.839}
+    runs = [
+        {**_run(policy, seed, 120.0, 0.83), "ideal_prefix_hit_rate": ideal}
+        for policy in ("cache-aware", "smg:cache_aware")
+        for seed, ideal in ideals.items()
+    ]
+    caption = ideal_caption(over_seeds(runs))
+    assert caption == "prefix hits of one infinitely large replica: 83.9% (median of 5 seeds)"
+    # One seed: its own; a sweep (rates differ in it): none.
+    assert ideal_caption(runs[:1]) == "prefix hits of one infinitely large replica: 82.4%"
+    assert ideal_caption([runs[0], {**runs[1], "rate": 30.0}]) is None

@@ -22,6 +22,7 @@ from shoal.bench.measure import first_model, measure
 from shoal.bench.peers import PEERS, expand_peers
 from shoal.bench.plot import plot_results, plot_run
 from shoal.bench.report import (
+    ideal_caption,
     knees_table,
     peers_line,
     replicas_table,
@@ -411,11 +412,9 @@ def run_compare_command(args: argparse.Namespace) -> int:
         title += f", median of {len(seeds)} seeds"
     if args.sim_time_scale != 1:
         title += f" (engine time; simulators at {args.sim_time_scale:g}x real time)"
-    ideal = report["workload"].get("ideal_prefix_hit_rate")
-    caption = (
-        f"prefix hits of one infinitely large replica: {ideal:.1%}" if ideal is not None else None
-    )
     rows = report.get("summary") or report["results"]
+    # Not the report's workload: over several seeds that describes seed 0's.
+    caption = ideal_caption(rows)
     if args.output == "table":
         stdout.print(results_table(rows, title=title, caption=caption))
         if (parts := ttft_table(rows)) is not None:

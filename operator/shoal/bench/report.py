@@ -156,3 +156,18 @@ def peers_line(results: Sequence[dict[str, Any]]) -> str:
         flags = " ".join(result.get("router_flags") or [])
         seen.setdefault(result["policy"], f"{result['router']} {result['version']}: {flags}")
     return "routers:\n" + "\n".join(f"  {policy}: {text}" for policy, text in seen.items())
+
+
+def ideal_caption(rows: Sequence[dict[str, Any]]) -> str | None:
+    """The hit rate one infinitely large replica would get, as the rows have
+    it: over several seeds their median, as the hit rates beside it are;
+    none when the rows differ in it (a sweep: each rate has its own)."""
+    ideals = {row.get("ideal_prefix_hit_rate") for row in rows}
+    if len(ideals) != 1:
+        return None
+    (ideal,) = ideals
+    if ideal is None:
+        return None
+    seeds = len(rows[0].get("seeds") or ())
+    over = f" (median of {seeds} seeds)" if seeds > 1 else ""
+    return f"prefix hits of one infinitely large replica: {ideal:.1%}{over}"

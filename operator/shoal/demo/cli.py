@@ -35,7 +35,7 @@ from shoal.bench.ideal import ideal_hit_rate
 from shoal.bench.local import FleetSpec, LocalFleet
 from shoal.bench.measure import measure
 from shoal.bench.plot import plot_results
-from shoal.bench.report import results_table
+from shoal.bench.report import ideal_caption, results_table
 from shoal.bench.workloads import Workload, synthetic
 from shoal.demo.view import Snapshot, render
 from shoal.engine.client import EngineClient
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         results_table(
             results,
             title=title,
-            caption=f"prefix hits of one infinitely large replica: {ideal:.1%}",
+            caption=ideal_caption(results),
         )
     )
     console.print(_verdict(results[0], results[1]))
