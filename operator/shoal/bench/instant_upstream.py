@@ -22,40 +22,25 @@ import time
 import uvloop
 from aiohttp import web
 
-_BODY = json.dumps(
-    {
-        "id": "cmpl-0",
-        "object": "text_completion",
-        "created": 0,
-        "model": "m",
-        "choices": [
-            {
-                "index": 0,
-                "text": " ok",
-                "logprobs": None,
-                "finish_reason": "length",
-                "stop_reason": None,
-            }
-        ],
-        "usage": {"prompt_tokens": 4, "total_tokens": 5, "completion_tokens": 1},
-    }
-).encode()
-_CHAT_BODY = json.dumps(
-    {
-        "id": "chatcmpl-0",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "m",
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": " ok"},
-                "finish_reason": "length",
-            }
-        ],
-        "usage": {"prompt_tokens": 4, "total_tokens": 5, "completion_tokens": 1},
-    }
-).encode()
+
+def _answer(id_: str, kind: str, choice: dict[str, object]) -> bytes:
+    """A one-token, vLLM-shaped answer."""
+    return json.dumps(
+        {
+            "id": id_,
+            "object": kind,
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, **choice, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 4, "total_tokens": 5, "completion_tokens": 1},
+        }
+    ).encode()
+
+
+_BODY = _answer("cmpl-0", "text_completion", {"text": " ok", "logprobs": None, "stop_reason": None})
+_CHAT_BODY = _answer(
+    "chatcmpl-0", "chat.completion", {"message": {"role": "assistant", "content": " ok"}}
+)
 _METRICS = (
     b"# TYPE vllm:num_requests_running gauge\n"
     b'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'

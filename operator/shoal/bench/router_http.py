@@ -321,9 +321,9 @@ async def _streams(
     the warm-up, whose requests are not recorded."""
     loop = asyncio.get_running_loop()
     request = (
-        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+        b"POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
         b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-        % (port, len(_STREAM.body), _STREAM.body)
+        % (_STREAM.path.encode(), port, len(_STREAM.body), _STREAM.body)
     )
     samples = StreamSamples()
     deadline = time.monotonic_ns() + int((warmup + seconds) * 1e9)
