@@ -26,7 +26,10 @@ API server has answered the write that starts the phase, then SIGKILLed."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +62,8 @@ OPERATOR_AGENT = "shoal-operator"
 # Generous: convergence takes seconds; a loaded CI machine may take many more.
 CONVERGE_SECONDS = 150
 PHASE_SECONDS = 90
+# Children left in a namespace that goes as the operator starts.
+LEFT_CHILDREN = 400
 TABLE = REPO / ".testbed" / "logs" / "operator-faults.txt"
 STARTED_LINE = "Initial authentication has finished"  # kopf's, once it can watch
 
@@ -126,6 +131,19 @@ class Bench:
                     moment = time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
                     return round(time.mktime(moment) + float("0." + line[20:23]) - wall, 1)
         return None
+
+    def diagnosis(self, lines: int = 60) -> str:
+        """What a failed case leaves to read: the operator's last log lines
+        (pytest's temporary directories are rotated away by later runs),
+        the cluster's Events and its children."""
+        log = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+        raw = self.bed.kubectl(
+            "get", "events", "-n", self.ns, "--sort-by=.lastTimestamp", check=False
+        )
+        children = self.bed.kubectl("get", "pods,statefulsets", "-n", self.ns, check=False)
+        return "\n".join(
+            [f"operator log, last {lines} lines:", *log[-lines:], "events:", raw, children]
+        )
 
     def stop(self) -> None:
         if self.process is not None:
@@ -304,7 +322,9 @@ def converge(
             timings.rows.append((case, round(time.monotonic() - since, 1), startup))
             return
         time.sleep(1.0)
-    raise AssertionError(f"{case}: not converged in {CONVERGE_SECONDS}s: {found}")
+    raise AssertionError(
+        f"{case}: not converged in {CONVERGE_SECONDS}s: {found}\n{bench.diagnosis()}"
+    )
 
 
 def _is_set(name: str, *, verb: str = "patch") -> Callable[[Request], bool]:
@@ -439,6 +459,51 @@ def test_an_api_server_restart_mid_rollout_converges_on_the_new_template(
         restarted=False,
     )
     assert bench.process is not None and bench.process.alive(), "the operator died with it"
+
+
+def test_a_watched_namespace_that_goes_as_the_operator_starts_does_not_stall_it(
+    bench: Bench, timings: Timings
+) -> None:
+    """A namespace matching the operator's glob goes while the operator is
+    still taking in its children there (a finished test's, a team's CI
+    namespace): clusters in the other namespaces are still reconciled. With
+    kopf's indexes, a watcher stopped before it had seen the end of its list
+    held every handler for good (a CI run: a restarted operator did nothing
+    for 150 s). Many children make the list long to take in, and the
+    operator is stopped as it is answered, until the namespace has gone."""
+    gone = f"{PATTERN}-gone-{uuid.uuid4().hex[:6]}"
+    bed = bench.bed
+    bed.kubectl("create", "namespace", gone)
+    try:
+        maps = [
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": f"left-{i}", "labels": {LABEL_CLUSTER: "left"}},
+            }
+            for i in range(LEFT_CHILDREN)
+        ]
+        apply(bed, gone, *maps)
+        tail = bench.audit()
+        started = time.monotonic()
+        bench.start()
+        assert bench.process is not None
+        pid = bench.process.pid
+        freeze_at(
+            tail,
+            pid,
+            lambda r: r.verb == "list" and r.resource == "configmaps" and r.namespace == gone,
+            what=f"the operator's list of ConfigMaps in {gone}",
+            timeout=PHASE_SECONDS,
+        )
+        try:
+            bed.kubectl("delete", "namespace", gone, "--timeout=90s")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        bed.kubectl("delete", "namespace", gone, "--wait=false", check=False)
+    apply(bed, bench.ns, cluster_manifest(NAME, replicas=1, tensor=4))
+    converge(timings, "a watched namespace gone at start-up", bench, since=started, replicas=1)
 
 
 def test_children_deleted_while_the_operator_is_down_come_back(

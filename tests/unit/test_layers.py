@@ -46,6 +46,7 @@ PURE_CONTROLLER = (
 )
 IO_CONTROLLER = (
     "autoscaler",
+    "children",
     "cli",
     "context",
     "downloads",

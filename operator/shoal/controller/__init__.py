@@ -19,7 +19,8 @@ I/O: `kube` (the API server), `probes`, `healthloop` and `warming` (the
 engines), `autoscaler` (reads the routers, sets the scale subresource),
 `reconcile` (one pass: read, decide, act), `recorder` (posts Events),
 `downloads` (the model cache's Job and claim), `handlers` (kopf),
-`context`, `metrics` and `logs` (process state), `login` (kopf's
+`context`, `children` (the watched children), `metrics` and `logs`
+(process state), `login` (kopf's
 credentials), `cli` (`shoal operator`).
 
 tests/unit/test_layers.py holds every module of the package to this list."""

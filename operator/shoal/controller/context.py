@@ -9,17 +9,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from shoal.controller.children import ChildStore
 from shoal.controller.decide import Event, Memory
 from shoal.controller.healthloop import HealthChecks
 from shoal.controller.identity import ClusterRef, Manifest
 from shoal.controller.kube import KubeApi
-from shoal.controller.metrics import OperatorMetrics
+from shoal.controller.metrics import ClusterKey, OperatorMetrics
 from shoal.controller.probes import EngineProbe
 from shoal.controller.warming import Warmups
 from shoal.engine.client import EngineClient
 from shoal.engine.metrics import KVPool
 
-ClusterKey = tuple[str, str]  # namespace, name
 PostEvent = Callable[[Any, Event], None]  # in the background
 RecordEvent = Callable[[Any, Event], Awaitable[None]]  # posted when it returns
 
@@ -90,6 +90,7 @@ class OperatorContext:
     # One engine client (one connection pool) for every probe, check and warm-up.
     engine: EngineClient = field(default_factory=EngineClient)
     wakeups: Wakeups = field(default_factory=Wakeups)
+    children: ChildStore = field(default_factory=ChildStore)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     probe: EngineProbe = field(init=False)
     warmups: Warmups = field(init=False)

@@ -7,19 +7,17 @@ kopf's settings. Thin: every handler calls `reconcile`, which does the work.
   kind shoal creates is watched, by its cluster label) or a node turns
   NotReady, when a pass asked to look again soon (an engine not yet healthy,
   a drain), and every RESYNC_SECONDS otherwise;
-- kopf indexes keep the live children other than engines and the router's
-  Deployment (Services, ConfigMap, PDB, RBAC), so a pass compares with them
-  without reading them, and one deleted by hand is made again at once;
+- the watches' events keep the live children other than engines and the
+  router's Deployment (Services, ConfigMap, PDB, RBAC) in a store of shoal's
+  own (shoal.controller.children: not kopf's indexes, whose start-up hold a
+  deleted namespace can leave in place for good);
 - handlers are registered on a registry of their own, not kopf's global one."""
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -29,13 +27,15 @@ from shoal.api import GROUP, PLURAL, VERSION
 from shoal.api.status import ConditionStatus
 from shoal.controller.autoscaler import PERIOD_SECONDS as AUTOSCALE_SECONDS
 from shoal.controller.autoscaler import AutoscalerState, autoscale
-from shoal.controller.context import ClusterKey, ClusterState, OperatorContext
+from shoal.controller.children import STORED_KINDS
+from shoal.controller.context import ClusterState, OperatorContext
 from shoal.controller.decide import Event, EventType
 from shoal.controller.events import NAME_PREFIX, REPORTING_COMPONENT
-from shoal.controller.identity import ClusterRef, Manifest
+from shoal.controller.identity import ClusterRef
 from shoal.controller.kube import ApiError
 from shoal.controller.login import login  # kopf's credentials, as kr8s finds them
 from shoal.controller.logs import cluster_logger
+from shoal.controller.metrics import ClusterKey
 from shoal.controller.names import DOMAIN, FINALIZER, LABEL_CLUSTER
 from shoal.controller.reconcile import reconcile
 
@@ -51,16 +51,6 @@ MAX_BACKOFF_SECONDS = 30.0
 
 _TRANSIENT = (ApiError, httpx.HTTPError, TimeoutError, OSError)
 
-# Children kopf indexes (kind -> group, version, plural); engines' StatefulSets
-# and pods and the router's Deployment are listed by each pass instead.
-INDEXED_KINDS: dict[str, tuple[str, ...]] = {
-    "Service": ("v1", "services"),
-    "ConfigMap": ("v1", "configmaps"),
-    "ServiceAccount": ("v1", "serviceaccounts"),
-    "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
-    "Role": ("rbac.authorization.k8s.io", "v1", "roles"),
-    "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-}
 # Children whose events wake their cluster: every kind shoal creates.
 WATCHED_KINDS = (
     ("v1", "pods"),
@@ -69,44 +59,8 @@ WATCHED_KINDS = (
     # The model cache's download Job and claim (a completed Job starts the engines).
     ("batch", "v1", "jobs"),
     ("v1", "persistentvolumeclaims"),
-    *INDEXED_KINDS.values(),
+    *STORED_KINDS.values(),
 )
-
-
-def index_id(kind: str) -> str:
-    """The kopf index of a kind, also the name of its handlers' keyword argument."""
-    return f"children_{kind.lower()}"
-
-
-async def index_child(
-    body: kopf.Body, labels: kopf.Labels, namespace: str | None, **_: Any
-) -> dict[ClusterKey, Manifest]:
-    """A child under its cluster's key; status and managed fields are not compared."""
-    kept = {key: copy.deepcopy(body[key]) for key in body if key != "status"}
-    kept["metadata"] = {k: v for k, v in kept["metadata"].items() if k != "managedFields"}
-    return {(namespace or "", labels[LABEL_CLUSTER]): kept}
-
-
-@dataclass(frozen=True)
-class IndexedChildren:
-    """One cluster's children in kopf's indexes (live views, updated by the watches)."""
-
-    indices: Mapping[str, Any]  # kopf.Index by index id
-    key: ClusterKey
-
-    def get(self, kind: str, name: str) -> Manifest | None:
-        index = self.indices.get(index_id(kind))
-        if index is None or self.key not in index:
-            return None
-        found: Manifest | None = next(
-            (child for child in index[self.key] if child["metadata"]["name"] == name), None
-        )
-        return found
-
-
-def children_of(key: ClusterKey, handler_kwargs: Mapping[str, Any]) -> IndexedChildren:
-    ids = [index_id(kind) for kind in INDEXED_KINDS]
-    return IndexedChildren({i: handler_kwargs[i] for i in ids if i in handler_kwargs}, key)
 
 
 def context_of(memo: Any) -> OperatorContext:
@@ -126,10 +80,10 @@ def key_of(body: kopf.Body) -> ClusterKey:
     return (body.metadata.namespace or "", body.metadata.name or "")
 
 
-async def reconcile_handler(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+async def reconcile_handler(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     ctx = context_of(memo)
     try:
-        await reconcile(ctx, body, state_of(memo), children_of(key_of(body), kwargs))
+        await reconcile(ctx, body, state_of(memo), ctx.children.of(key_of(body)))
     except _TRANSIENT as error:
         raise kopf.TemporaryError(str(error), delay=RETRY_SECONDS) from error
     # The daemon follows up (a pass here may have asked to look again soon).
@@ -137,11 +91,11 @@ async def reconcile_handler(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> 
 
 
 async def cluster_daemon(
-    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **kwargs: Any
+    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
 ) -> None:
     ctx, state = context_of(memo), state_of(memo)
     key = key_of(body)
-    live = children_of(key, kwargs)
+    live = ctx.children.of(key)
     log = cluster_logger(*key)
     wake = ctx.wakeups.register(key)
     backoff = 1.0
@@ -185,11 +139,19 @@ async def autoscale_timer(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 
 async def child_changed(
-    labels: kopf.Labels, namespace: str | None, memo: kopf.Memo, **_: Any
+    event: kopf.RawEvent,
+    body: kopf.Body,
+    labels: kopf.Labels,
+    namespace: str | None,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
+    """Kept (a stored kind), then its cluster woken: the pass sees it."""
+    ctx = context_of(memo)
+    ctx.children.seen(body, gone=event.get("type") == "DELETED")
     cluster = labels.get(LABEL_CLUSTER)
     if cluster and namespace:
-        context_of(memo).wakeups.poke((namespace, cluster))
+        ctx.wakeups.poke((namespace, cluster))
 
 
 async def node_changed(status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:
@@ -216,9 +178,6 @@ def build_registry() -> kopf.OperatorRegistry:
         autoscale_timer
     )
     children = {LABEL_CLUSTER: kopf.PRESENT}
-    for kind, child in INDEXED_KINDS.items():
-        kopf.index(*child, id=index_id(kind), labels=children, registry=registry)(index_child)
-    # Indexing runs before these, so a woken pass sees the index already updated.
     for child in WATCHED_KINDS:
         kopf.on.event(*child, id=f"wake-{child[-1]}", labels=children, registry=registry)(
             child_changed

@@ -24,6 +24,7 @@ from shoal.api.cache import DownloadState
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import ConditionStatus
 from shoal.api.validation import SpecError, parse_cluster, validate_spec
+from shoal.controller.children import comparable
 from shoal.controller.context import ClusterState, LiveChildren, OperatorContext
 from shoal.controller.decide import (
     Decision,
@@ -489,11 +490,18 @@ async def _apply_static(
     refused: list[Refusal],
 ) -> None:
     """Apply what is missing, outdated or changed by hand, compared with the
-    live objects the watches keep (no GET: an idle fleet reads nothing)."""
+    live objects the watches keep (no GET: an idle fleet reads nothing). One
+    the watches have not delivered (yet: a pass right after the operator
+    started) is read, so it is not taken for deleted."""
     for manifest in manifests:
         meta = manifest["metadata"]
         key = f"{manifest['kind']}/{meta['name']}"
         found = live.get(manifest["kind"], meta["name"])
+        if found is None:
+            read = await ctx.kube.get(
+                manifest["apiVersion"], manifest["kind"], ref.namespace, meta["name"]
+            )
+            found = None if read is None else comparable(read)
         event = None
         if found is None:
             # Made by this process, or by one before it (its memory is gone).
