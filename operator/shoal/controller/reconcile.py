@@ -490,22 +490,23 @@ async def _apply_static(
     refused: list[Refusal],
 ) -> None:
     """Apply what is missing, outdated or changed by hand, compared with the
-    live objects the watches keep (no GET: an idle fleet reads nothing). One
-    the watches have not delivered (yet: a pass right after the operator
-    started) is read, so it is not taken for deleted."""
+    live objects the watches keep (no GET: an idle fleet reads nothing)."""
+    made_before = children_made(body.get("status") or {})
     for manifest in manifests:
         meta = manifest["metadata"]
         key = f"{manifest['kind']}/{meta['name']}"
         found = live.get(manifest["kind"], meta["name"])
-        if found is None:
+        made = key in state.static_applied or made_before
+        if found is None and made:
+            # Made by this process or one before it: read it, as the watches
+            # may not have delivered it yet (a pass right after a start).
             read = await ctx.kube.get(
                 manifest["apiVersion"], manifest["kind"], ref.namespace, meta["name"]
             )
             found = None if read is None else comparable(read)
         event = None
         if found is None:
-            # Made by this process, or by one before it (its memory is gone).
-            if key in state.static_applied or children_made(body.get("status") or {}):
+            if made:
                 event = Event(
                     EventType.WARNING, "ChildRestored", f"{key} was deleted; making it again"
                 )
