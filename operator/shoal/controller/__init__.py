@@ -20,7 +20,6 @@ engines), `autoscaler` (reads the routers, sets the scale subresource),
 `reconcile` (one pass: read, decide, act), `recorder` (posts Events),
 `downloads` (the model cache's Job and claim), `handlers` (kopf),
 `context`, `children` (the watched children), `metrics` and `logs`
-(process state), `login` (kopf's
-credentials), `cli` (`shoal operator`).
+(process state), `login` (kopf's credentials), `cli` (`shoal operator`).
 
 tests/unit/test_layers.py holds every module of the package to this list."""

@@ -9,8 +9,9 @@ has been listed in each watched namespace, and when a namespace matching a
 stops without lifting the hold: from then on the operator reconciles
 nothing, in any namespace. The fault suite hit it when a finished test's
 namespace went as the operator started. This store holds nothing back, so
-a pass may come before the watches have delivered a child: the pass then
-reads that child itself (reconcile._apply_static)."""
+a pass may come before the watches have delivered a child: one the
+operator made before is then read, so that it is not taken for deleted
+(reconcile._apply_static)."""
 
 from __future__ import annotations
 
