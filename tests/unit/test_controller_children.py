@@ -67,3 +67,26 @@ def test_status_and_managed_fields_are_not_compared_and_the_event_body_is_copied
     assert "status" not in kept and "managedFields" not in kept["metadata"]
     service["spec"]["ports"][0]["port"] = 1
     assert kept["spec"]["ports"][0]["port"] == 80
+
+
+def _owned(kind: str, name: str, uid: str) -> dict[str, Any]:
+    child = _child(kind, name)
+    child["metadata"]["ownerReferences"] = [{"kind": "VLLMCluster", "name": "fleet", "uid": uid}]
+    return child
+
+
+def test_a_deleted_clusters_children_leave_with_it_but_not_a_new_one_of_the_same_name() -> None:
+    # DELETED events of the children do not come when the namespace's watches
+    # stop first: what the deleted cluster owned must not stay for good.
+    store = ChildStore()
+    key = ("team-a", "fleet")
+    store.seen(_owned("Service", "fleet-router", "old"), gone=False)
+    store.seen(_owned("ConfigMap", "fleet-router", "old"), gone=False)
+    store.seen(_owned("Service", "fleet-engines", "new"), gone=False)  # made again
+    store.forget(key, "old")
+    assert store.get(key, "Service", "fleet-router") is None
+    assert store.get(key, "ConfigMap", "fleet-router") is None
+    assert store.get(key, "Service", "fleet-engines") is not None
+    store.forget(key, "new")
+    assert store.get(key, "Service", "fleet-engines") is None
+    assert len(store) == 0

@@ -68,11 +68,34 @@ class ChildStore:
             return
         self._clusters.setdefault(key, {})[name] = comparable(body)
 
+    def forget(self, key: ClusterKey, owner_uid: str) -> None:
+        """A cluster no longer watched (deleted): drop the children it owned.
+        Their DELETED events usually do this, but not when the namespace went
+        and its watches were stopped first. Only the owner's: a cluster made
+        again under the same name may already have children here."""
+        children = self._clusters.get(key)
+        if children is None:
+            return
+        for name, child in list(children.items()):
+            if owner_uid in _owners(child):
+                del children[name]
+        if not children:
+            del self._clusters[key]
+
+    def __len__(self) -> int:
+        """Children stored, of every cluster."""
+        return sum(map(len, self._clusters.values()))
+
     def of(self, key: ClusterKey) -> ClusterChildren:
         return ClusterChildren(self, key)
 
     def get(self, key: ClusterKey, kind: str, name: str) -> Manifest | None:
         return self._clusters.get(key, {}).get((kind, name))
+
+
+def _owners(child: Manifest) -> set[str]:
+    refs = (child.get("metadata") or {}).get("ownerReferences") or []
+    return {str(ref.get("uid")) for ref in refs if isinstance(ref, dict)}
 
 
 @dataclass(frozen=True)

@@ -101,11 +101,15 @@ class OperatorContext:
         self.warmups = Warmups(engine=self.engine)
         self.health = HealthChecks(engine=self.engine)
 
-    def forget(self, ref: ClusterRef) -> None:
-        """Stop the background work of a cluster no longer watched."""
+    def forget(self, ref: ClusterRef, *, deleted: bool) -> None:
+        """Stop the background work of a cluster no longer watched; a deleted
+        one's children leave the store too (not a paused operator's: its
+        passes would read them until their next events)."""
         self.health.forget(ref)
         self.warmups.forget(ref)
         self.metrics.forget((ref.namespace, ref.name))
+        if deleted:
+            self.children.forget((ref.namespace, ref.name), ref.uid)
 
     async def close(self) -> None:
         self.warmups.cancel_all()

@@ -124,7 +124,8 @@ async def cluster_daemon(
                 pass
     finally:
         ctx.wakeups.forget(key, wake)
-        ctx.forget(ClusterRef.of(body))
+        # body is live in a daemon: marked for deletion once it is deleted.
+        ctx.forget(ClusterRef.of(body), deleted=body.metadata.deletion_timestamp is not None)
 
 
 async def autoscale_timer(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
