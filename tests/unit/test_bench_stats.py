@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from shoal.bench.cli import json_safe
-from shoal.bench.compare import knee, knees, operating_point
+from shoal.bench.compare import describe_workload, knee, knees, operating_point
 from shoal.bench.driver import Outcome
 from shoal.bench.engines import fleet_report
 from shoal.bench.report import ttft_table
@@ -195,6 +195,34 @@ def test_knee_is_the_last_rate_before_p99_doubles_its_idle_value() -> None:
     failing = [_run("z", 2, 10, 100), {**_run("z", 4, 10, 110), "failed": 3}]
     assert knee(failing)["knee_rate"] == 2, "a rate with failed requests is past the knee"
     assert set(knees(runs + calm)) == {"x", "y"}
+
+
+def _described(seed: int, ideal: float) -> dict[str, object]:
+    return {
+        "name": "shared-prefix",
+        "requests": 300,
+        "seed": seed,
+        "tenants": 48,
+        "ideal_prefix_hit_rate": ideal,
+    }
+
+
+def test_a_workload_over_several_seeds_is_described_by_each_not_by_the_first() -> None:
+    one = describe_workload({15.0: {0: _described(0, 0.82)}})
+    assert one == _described(0, 0.82)
+    seeds = describe_workload(
+        {15.0: {s: _described(s, i) for s, i in ((0, 0.82), (1, 0.85), (2, 0.83))}}
+    )
+    assert "seed" not in seeds and seeds["tenants"] == 48 and seeds["requests"] == 300
+    # The median over seeds, as the tables' caption says, not seed 0's.
+    assert seeds["ideal_prefix_hit_rate"] == 0.83
+    assert seeds["per_seed"]["1"] == {"requests": 300, "ideal_prefix_hit_rate": 0.85}
+    sweep = describe_workload(
+        {r: {0: _described(0, r / 100), 1: _described(1, r / 50)} for r in (4.0, 8.0)}
+    )
+    assert set(sweep["per_rate"]) == {"4", "8"} and "ideal_prefix_hit_rate" not in sweep
+    assert sweep["per_rate"]["8"]["ideal_prefix_hit_rate"] == pytest.approx(0.12)
+    assert set(sweep["per_rate"]["8"]["per_seed"]) == {"0", "1"}
 
 
 def test_operating_point_is_where_the_baseline_tail_first_doubles_its_median() -> None:

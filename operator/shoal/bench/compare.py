@@ -101,7 +101,7 @@ def run_compare(
     profile = PROFILES[plan.spec.profile]
     workdir = workdir or Path(tempfile.mkdtemp(prefix="shoal-bench-"))
     results: list[dict[str, Any]] = []
-    workloads: dict[float, dict[str, Any]] = {}
+    workloads: dict[float, dict[int, dict[str, Any]]] = {}
     configs = {
         policy: fleet_router_config(plan.spec, policy=RouterPolicy(policy), router=plan.router)
         for policy in plan.policies
@@ -114,7 +114,7 @@ def run_compare(
                 **workload.params,
                 "ideal_prefix_hit_rate": ideal_hit_rate(workload.requests, profile=profile),
             }
-            workloads.setdefault(rate, described)
+            workloads.setdefault(rate, {})[seed] = described
             spec = dataclasses.replace(plan.spec, seed=seed)
             for policy in plan.policies:
                 if on_start is not None:
@@ -162,7 +162,7 @@ def run_compare(
     shoal_policies = [p for p in plan.policies if not is_peer(p)]
     report: dict[str, Any] = {
         "profile": profile_report(plan.spec),
-        "workload": workloads[plan.rates[0]] if single else _sweep_workload(workloads),
+        "workload": describe_workload(workloads),
         "seeds": list(plan.seeds),
         "router_replicas": plan.router_replicas,
         # router.json as the operator writes it (but for the policy, per result).
@@ -265,17 +265,33 @@ def over_seeds(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _sweep_workload(workloads: dict[float, dict[str, Any]]) -> dict[str, Any]:
-    first = next(iter(workloads.values()))
-    common = {k: v for k, v in first.items() if k not in ("requests", "ideal_prefix_hit_rate")}
+_PER_RUN = ("seed", "requests", "ideal_prefix_hit_rate")
+
+
+def describe_workload(described: dict[float, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+    """The report's workload section, from each run's (by rate, then seed):
+    the parameters they share once, and what differs by rate (a sweep) and
+    by seed: the requests and the ideal hit rate. Over several seeds the
+    ideal is their median, as the tables give it."""
+    first = next(iter(next(iter(described.values())).values()))
+    common = {k: v for k, v in first.items() if k not in _PER_RUN}
+    points = {rate: _workload_point(by_seed) for rate, by_seed in described.items()}
+    if len(points) == 1:
+        return {**common, **next(iter(points.values()))}
+    return {**common, "per_rate": {f"{rate:g}": point for rate, point in points.items()}}
+
+
+def _workload_point(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    if len(by_seed) == 1:
+        return {k: v for k, v in next(iter(by_seed.values())).items() if k in _PER_RUN}
     return {
-        **common,
-        "per_rate": {
-            f"{rate:g}": {
-                "requests": w["requests"],
-                "ideal_prefix_hit_rate": w["ideal_prefix_hit_rate"],
-            }
-            for rate, w in workloads.items()
+        "requests": statistics.median(w["requests"] for w in by_seed.values()),
+        "ideal_prefix_hit_rate": statistics.median(
+            w["ideal_prefix_hit_rate"] for w in by_seed.values()
+        ),
+        "per_seed": {
+            str(seed): {k: w[k] for k in ("requests", "ideal_prefix_hit_rate")}
+            for seed, w in by_seed.items()
         },
     }
 
