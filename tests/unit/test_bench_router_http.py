@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from shoal.bench.instant_upstream import build_app
 from shoal.bench.router_http import _cpu_per_request, workload_request
+from shoal.bench.server_floor import ANSWER, Answering, answering_app
 from shoal.bench.workloads import GENERATORS
 from shoal.engine.endpoints import CHAT_COMPLETIONS
 
@@ -59,3 +60,38 @@ def test_each_router_is_charged_its_own_cpu_per_request() -> None:
     _cpu_per_request(runs)
     charged = {name: rounds[0]["router_cpu_us_per_request"] for name, rounds in runs.items()}
     assert charged == {"direct": 25.0, "router": 100.0, "smg:cache_aware": 150.0}
+
+
+def test_both_floor_servers_answer_each_request_of_a_kept_alive_connection() -> None:
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s"
+    )
+    body = b'{"model": "m", "prompt": "hi", "max_tokens": 1}'
+    whole = request % (len(body), body)
+
+    async def exchange(port: int) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(whole)
+        writer.write(whole[:-5])  # the second request's body in two writes
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(whole[-5:])
+        answers = b""
+        while answers.count(ANSWER) < 2:
+            answers += await asyncio.wait_for(reader.read(65536), 5)
+        writer.close()
+        return answers
+
+    async def run() -> tuple[bytes, bytes]:
+        loop = asyncio.get_running_loop()
+        bare = await loop.create_server(Answering, "127.0.0.1", 0)
+        async with TestServer(answering_app()) as served:
+            assert served.port is not None
+            answered = await exchange(served.port), await exchange(bare.sockets[0].getsockname()[1])
+        bare.close()
+        return answered
+
+    for answers in asyncio.run(run()):
+        assert answers.count(b"HTTP/1.1 200 OK") == 2
+        assert answers.count(ANSWER) == 2

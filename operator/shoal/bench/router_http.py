@@ -35,6 +35,11 @@ same whether it calls the upstream directly or through the router.
   the router's core like shoal's, in the same wrk rounds (cache_aware, their
   default policy), at `--connections` and at `--low-connections` (4), where
   p50 / p99 latency rather than throughput is compared.
+- Optionally (`--server-floors`), in the same wrk rounds, two HTTP servers
+  alone on the router's core that answer without an upstream
+  (bench/server_floor.py): aiohttp's, as the router sets it up, and a bare
+  httptools protocol. Their CPU per request is how much of the router's
+  is its server's, and how much a leaner server could take out.
 
 CPU seconds of the router, the upstream and this process are reported per
 phase, with the load average before and after: a router phase whose router CPU
@@ -65,12 +70,15 @@ from typing import Any, cast
 import uvloop
 
 from shoal.bench.peers import expand_peers, parse_peer_policy, start_peer, wait_routing
+from shoal.bench.server_floor import FloorServer
+from shoal.bench.server_floor import serve as serve_floor
 from shoal.bench.stats import percentile
 from shoal.bench.workloads import GENERATORS, synthetic
 from shoal.engine.endpoints import COMPLETIONS
 from shoal.procs import (
     HOST,
     LocalProcess,
+    free_port,
     free_ports,
     start,
     start_router,
@@ -431,6 +439,9 @@ async def _serve_relay(port: int, upstream_port: int) -> None:
     await server.serve_forever()
 
 
+_SERVE_FLOOR = [sys.executable, "-m", "shoal.bench.router_http", "--serve-floor"]
+
+
 def _rounds(names: list[str], rounds: int) -> Iterator[list[str]]:
     """Each round runs every target once, starting one later than the round
     before, so no target always runs first (on a cooler or warmer machine)."""
@@ -493,6 +504,9 @@ def main() -> None:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(_serve_relay(int(sys.argv[2]), int(sys.argv[3])))
         return
+    if len(sys.argv) == 4 and sys.argv[1] == "--serve-floor":
+        serve_floor(FloorServer(sys.argv[2]), int(sys.argv[3]))
+        return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=8, help="per wrk throughput phase")
     parser.add_argument("--connections", type=int, default=64)
@@ -522,6 +536,12 @@ def main() -> None:
         action="store_true",
         help="also stream through a bare TCP relay on the router's core: the least any "
         "proxy adds with this placement",
+    )
+    parser.add_argument(
+        "--server-floors",
+        action="store_true",
+        help="also in the throughput rounds: HTTP servers alone on the router's core, "
+        "answering without an upstream (aiohttp's, and a bare httptools protocol)",
     )
     args = parser.parse_args()
     if shutil.which("wrk") is None or shutil.which("taskset") is None:
@@ -606,6 +626,18 @@ def _run(
         for label, peer in peers.items():
             targets[label] = int(peer.url.rsplit(":", 1)[1])
             pids[f"{label}_cpu"] = peer.pid
+        floors = list(FloorServer) if args.server_floors and not args.skip_throughput else []
+        for kind in floors:
+            port = free_port()
+            served = stack.enter_context(
+                start(
+                    [*_taskset(ROUTER_CORE), *_SERVE_FLOOR, kind, str(port)],
+                    log=tmp / f"{kind}.log",
+                    urls=[f"http://{HOST}:{port}"],
+                )
+            )
+            served.wait_http("/health", timeout=15)
+            targets[kind], pids[f"{kind}_cpu"] = port, served.pid
         result: dict[str, Any] = {
             "placement": {"router_core": ROUTER_CORE, "load_and_upstream_core": LOAD_CORE},
             "load_average_start": _loadavg(),
@@ -614,7 +646,7 @@ def _run(
         if not args.skip_throughput:
             request = workload_request(args.workload) if args.workload else _PLAIN
             result["request"] = {"path": request.path, "body_bytes": len(request.body)}
-            names = ["direct", "router", *peers]
+            names = ["direct", "router", *peers, *floors]
             runs = wrk_rounds(
                 seconds=args.seconds, connections=args.connections, request=request, names=names
             )
@@ -633,7 +665,7 @@ def _run(
                             runs[label], "router_cpu_us_per_request"
                         ),
                     }
-                    for label in peers
+                    for label in [*peers, *floors]
                 },
                 "rounds": runs,
             }

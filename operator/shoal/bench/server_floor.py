@@ -1,0 +1,101 @@
+"""HTTP servers with nothing behind them, for `router_http --server-floors`:
+what answering one small request costs a server alone on the router's core.
+
+- `aiohttp`: the router's own server, set up as the router sets it up (no
+  access log, handler cancellation), one catch-all handler that reads and
+  decodes the body and answers a fixed completion.
+- `protocol`: the least a Python server on uvloop can cost: an asyncio
+  protocol on httptools (llhttp) that decodes the body and writes the same
+  answer. Not a server to deploy (no limits, no timeouts, no streaming): a
+  floor, to tell how much of the router's cost per request is its server's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from typing import cast
+
+import httptools
+import orjson
+import uvloop
+from aiohttp import web
+
+from shoal.procs import HOST
+
+ANSWER = orjson.dumps(
+    {
+        "id": "cmpl-floor",
+        "object": "text_completion",
+        "model": "m",
+        "choices": [{"index": 0, "text": "hi", "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9},
+    }
+)
+_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+
+
+class FloorServer(enum.StrEnum):
+    AIOHTTP = "aiohttp-server"
+    PROTOCOL = "protocol-server"
+
+
+async def _answer(request: web.Request) -> web.Response:
+    raw = await request.read()
+    if raw:
+        orjson.loads(raw)
+    return web.Response(body=ANSWER, content_type="application/json")
+
+
+def answering_app() -> web.Application:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", _answer)
+    return app
+
+
+class Answering(asyncio.Protocol):
+    """HTTP/1.1 keep-alive: each complete request gets the fixed answer."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.body: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            assert self.transport is not None
+            self.transport.close()
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.body:
+            orjson.loads(b"".join(self.body))
+            self.body.clear()
+        assert self.transport is not None
+        self.transport.write(_HEAD % len(ANSWER) + ANSWER)
+
+
+async def _serve(kind: FloorServer, port: int) -> None:
+    if kind is FloorServer.AIOHTTP:
+        runner = web.AppRunner(answering_app(), access_log=None, handler_cancellation=True)
+        await runner.setup()
+        await web.TCPSite(runner, HOST, port).start()
+        await asyncio.Event().wait()
+    else:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Answering, HOST, port, backlog=1024)
+        await server.serve_forever()
+
+
+def serve(kind: FloorServer, port: int) -> None:
+    """Serve until killed."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_serve(kind, port))
