@@ -491,6 +491,13 @@ def _cpu_per_request(runs: dict[str, list[dict[str, Any]]]) -> None:
             )
 
 
+def _medians(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    return {
+        "rps_median": _median_of(rounds, "requests_per_second"),
+        "cpu_us_per_request_median": _median_of(rounds, "router_cpu_us_per_request"),
+    }
+
+
 def _added(prefix: str, runs: dict[str, list[dict[str, Any]]], name: str) -> dict[str, float]:
     """This round's latencies through `name` minus direct."""
     return {
@@ -658,15 +665,8 @@ def _run(
                 "router_cpu_us_per_request_median": _median_of(
                     runs["router"], "router_cpu_us_per_request"
                 ),
-                "peers": {
-                    label: {
-                        "rps_median": _median_of(runs[label], "requests_per_second"),
-                        "cpu_us_per_request_median": _median_of(
-                            runs[label], "router_cpu_us_per_request"
-                        ),
-                    }
-                    for label in [*peers, *floors]
-                },
+                "peers": {label: _medians(runs[label]) for label in peers},
+                "server_floors": {kind: _medians(runs[kind]) for kind in floors},
                 "rounds": runs,
             }
             low = wrk_rounds(
