@@ -124,7 +124,7 @@ async def cluster_daemon(
                 pass
     finally:
         ctx.wakeups.forget(key, wake)
-        # body is live in a daemon: marked for deletion once it is deleted.
+        # kopf keeps a daemon's body live: stopped for a deletion, it has the timestamp.
         ctx.forget(ClusterRef.of(body), deleted=body.metadata.deletion_timestamp is not None)
 
 
