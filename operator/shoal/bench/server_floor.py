@@ -1,10 +1,10 @@
 """HTTP servers with nothing behind them, for `router_http --server-floors`:
 what answering one small request costs a server alone on the router's core.
 
-- `aiohttp`: the router's own server, set up as the router sets it up (no
+- `aiohttp-server`: the router's own server, set up as the router sets it up (no
   access log, handler cancellation), one catch-all handler that reads and
   decodes the body and answers a fixed completion.
-- `protocol`: the least a Python server on uvloop can cost: an asyncio
+- `protocol-server`: the least a Python server on uvloop can cost: an asyncio
   protocol on httptools (llhttp) that decodes the body and writes the same
   answer. Not a server to deploy (no limits, no timeouts, no streaming): a
   floor, to tell how much of the router's cost per request is its server's.
