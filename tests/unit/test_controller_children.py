@@ -71,7 +71,9 @@ def test_status_and_managed_fields_are_not_compared_and_the_event_body_is_copied
 
 def _owned(kind: str, name: str, uid: str) -> dict[str, Any]:
     child = _child(kind, name)
-    child["metadata"]["ownerReferences"] = [{"kind": "VLLMCluster", "name": "fleet", "uid": uid}]
+    child["metadata"]["ownerReferences"] = [
+        {"kind": "VLLMCluster", "name": "fleet", "uid": uid, "controller": True}
+    ]
     return child
 
 

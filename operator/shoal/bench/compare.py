@@ -265,7 +265,8 @@ def over_seeds(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-_PER_RUN = ("seed", "requests", "ideal_prefix_hit_rate")
+_PER_SEED = ("requests", "ideal_prefix_hit_rate")
+_PER_RUN = ("seed", *_PER_SEED)
 
 
 def describe_workload(described: dict[float, dict[int, dict[str, Any]]]) -> dict[str, Any]:
@@ -289,10 +290,7 @@ def _workload_point(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
         "ideal_prefix_hit_rate": statistics.median(
             w["ideal_prefix_hit_rate"] for w in by_seed.values()
         ),
-        "per_seed": {
-            str(seed): {k: w[k] for k in ("requests", "ideal_prefix_hit_rate")}
-            for seed, w in by_seed.items()
-        },
+        "per_seed": {str(seed): {k: w[k] for k in _PER_SEED} for seed, w in by_seed.items()},
     }
 
 

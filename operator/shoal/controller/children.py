@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shoal.controller.identity import Manifest
+from shoal.controller.identity import Manifest, owned_by
 from shoal.controller.metrics import ClusterKey
 from shoal.controller.names import LABEL_CLUSTER
 
@@ -77,7 +77,7 @@ class ChildStore:
         if children is None:
             return
         for name, child in list(children.items()):
-            if owner_uid in _owners(child):
+            if owned_by(child, owner_uid):
                 del children[name]
         if not children:
             del self._clusters[key]
@@ -91,11 +91,6 @@ class ChildStore:
 
     def get(self, key: ClusterKey, kind: str, name: str) -> Manifest | None:
         return self._clusters.get(key, {}).get((kind, name))
-
-
-def _owners(child: Manifest) -> set[str]:
-    refs = (child.get("metadata") or {}).get("ownerReferences") or []
-    return {str(ref.get("uid")) for ref in refs if isinstance(ref, dict)}
 
 
 @dataclass(frozen=True)

@@ -53,3 +53,12 @@ def object_meta(
     if annotations:
         meta["annotations"] = dict(annotations)
     return meta
+
+
+def owned_by(obj: Manifest, owner_uid: str) -> bool:
+    """Whether obj's controller reference names the cluster with this uid."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(
+        isinstance(ref, dict) and ref.get("uid") == owner_uid and ref.get("controller")
+        for ref in refs
+    )

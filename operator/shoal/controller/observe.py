@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from shoal.api.status import ConditionStatus
-from shoal.controller.identity import Manifest
+from shoal.controller.identity import Manifest, owned_by
 from shoal.controller.names import (
     ANNOTATION_GROUP,
     ANNOTATION_PAUSED,
@@ -272,18 +272,11 @@ def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
     )
 
 
-def _owned_by(obj: Manifest, owner_uid: str | None) -> bool:
-    if owner_uid is None:
-        return True
-    refs = obj.get("metadata", {}).get("ownerReferences") or []
-    return any(ref.get("uid") == owner_uid and ref.get("controller") for ref in refs)
-
-
 def set_facts(statefulset: Manifest, *, owner_uid: str | None = None) -> SetFacts | None:
     """A StatefulSet of the cluster's; None for one it does not control."""
     meta, status = statefulset["metadata"], statefulset.get("status", {})
     index = _index(statefulset)
-    if index is None or not _owned_by(statefulset, owner_uid):
+    if index is None or (owner_uid is not None and not owned_by(statefulset, owner_uid)):
         return None
     labels = meta.get("labels") or {}
     return SetFacts(
