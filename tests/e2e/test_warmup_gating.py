@@ -5,6 +5,7 @@ cache and verified it, and the router sends it nothing before."""
 from __future__ import annotations
 
 import re
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shoal_testbed.cluster import Testbed
+from shoal_testbed.cluster import Testbed, bin_dir
 from tests.e2e.kube import apply, get_json, wait_for
 from tests.e2e.operator_env import (
     MODEL,
@@ -134,21 +135,49 @@ class EngineSampler:
     def __init__(self, bed: Testbed, ns: str, pod: str) -> None:
         self.bed, self.ns, self.pod = bed, ns, pod
         self.samples: list[EngineSample] = []
+        self.ip: str | None = None
+        self.error: BaseException | None = None
         self._stop = threading.Event()
+        self._watching = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        # A watch, not a poll: a new replica can start, warm and take its first
+        # routed request within half a second (CI), less than a few kubectl
+        # round trips, and the baseline must come from before that request.
+        self._watch = subprocess.Popen(
+            [
+                str(bin_dir() / "kubectl"),
+                f"--kubeconfig={bed.kubeconfig}",
+                *("get", "pods", "-n", ns, "--watch"),
+                *("-o", 'jsonpath={.metadata.name} {.status.podIP}{"\\n"}'),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
 
-    def _ip(self) -> str | None:
-        found = get_json(self.bed, "pods", "-n", self.ns, "--ignore-not-found", "-o", "json")
-        for pod in found.get("items", []):
-            if pod["metadata"]["name"] == self.pod:
-                ip = pod.get("status", {}).get("podIP")
-                return str(ip) if ip else None
-        return None
+    def _watch_ip(self) -> str | None:
+        """The pod's IP once the watch shows one; the watch's first line (the
+        namespace's pods as listed) tells __enter__ it is in place."""
+        assert self._watch.stdout is not None
+        for line in self._watch.stdout:
+            self._watching.set()
+            name, _, ip = line.strip().partition(" ")
+            if name == self.pod and ip:
+                return ip
+        return None  # the watch ended: stopped
 
     def _run(self) -> None:
-        ip = None
-        while ip is None and not self._stop.wait(0.5):
-            ip = self._ip()
+        try:
+            self.ip = self._watch_ip()
+            self._watch.kill()
+            if self.ip is not None:
+                self._sample(self.ip)
+        except Exception as error:  # kept for the assertions that read the samples
+            self.error = error
+        finally:
+            self._watching.set()
+
+    def _sample(self, ip: str) -> None:
         with httpx.Client(timeout=2) as client:
             while not self._stop.is_set():
                 asked = time.time()
@@ -172,18 +201,33 @@ class EngineSampler:
                 )
                 self._stop.wait(0.05)
 
+    def _state(self, moment: float) -> str:
+        first = f"{self.samples[0].at - moment:+.3f}s" if self.samples else "none"
+        return (
+            f"{self.pod} at {self.ip}: {len(self.samples)} samples, the first {first} "
+            f"from the moment; error: {self.error!r}"
+        )
+
     def before(self, moment: float) -> EngineSample:
-        return [s for s in self.samples if s.at < moment][-1]
+        earlier = [s for s in self.samples if s.at < moment]
+        assert earlier, f"no sample before the moment: {self._state(moment)}"
+        return earlier[-1]
 
     def after(self, moment: float) -> EngineSample:
-        return next(s for s in self.samples if s.asked > moment)
+        later = next((s for s in self.samples if s.asked > moment), None)
+        assert later is not None, f"no sample after the moment: {self._state(moment)}"
+        return later
 
     def __enter__(self) -> EngineSampler:
+        """Once the watch has listed the namespace's pods (it must have some)."""
         self._thread.start()
+        assert self._watching.wait(timeout=30), f"no pods listed in {self.ns}"
         return self
 
     def __exit__(self, *_: Any) -> None:
         self._stop.set()
+        self._watch.kill()
+        self._watch.wait()
         self._thread.join(timeout=5)
 
 
