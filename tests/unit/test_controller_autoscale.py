@@ -37,15 +37,17 @@ def run(
     current: int = 1,
     start: float = 1000.0,
     step: float = 5.0,
+    silent: int = 0,
 ) -> list[ScaleDecision]:
-    """The decisions of successive rounds, each applying the one before."""
+    """The decisions of successive rounds, each applying the one before
+    (silent: ready routers that did not answer, every round)."""
     memory = ScaleMemory(last_active=start)
     decisions = []
     for i, load in enumerate(loads):
         arrived = load is not None and load > 0
         decision = decide_scale(
             policy,
-            demand=Demand(requests=load, arrived=arrived),
+            demand=Demand(requests=load, arrived=arrived, silent=silent),
             current=current,
             memory=memory,
             now=start + i * step,
@@ -141,6 +143,32 @@ def test_no_router_answering_changes_nothing() -> None:
     assert decisions[0].reason is ScaleReason.NO_SIGNAL
 
 
+def test_a_ready_router_that_does_not_answer_holds_scale_downs_not_scale_ups() -> None:
+    # The busy router of two is too slow to answer /metrics: the idle one's 0
+    # is a lower bound of the demand, past the down window and idleSeconds.
+    held = run([0] * 40, current=4, silent=1)
+    assert counts(held) == [4] * 40
+    assert held[-1].reason is ScaleReason.PARTIAL_SIGNAL
+    assert "1 ready router did not answer" in held[-1].message, held[-1].message
+    # What did answer asks for more: that much is known, so it scales up.
+    up = run([60], current=4, silent=1)[0]
+    assert (up.desired, up.reason) == (6, ScaleReason.SCALED_UP)
+    # Once every router answers again, the down window counts from there.
+    memory, current = held[-1].memory, 4
+    seen = []
+    for i in range(14):
+        decision = decide_scale(
+            POLICY,
+            demand=Demand(requests=5, arrived=True),
+            current=current,
+            memory=memory,
+            now=1200.0 + 5 * i,
+        )
+        current, memory = decision.desired, decision.memory
+        seen.append(current)
+    assert seen[:12] == [4] * 12 and seen[-1] == 1, seen
+
+
 def test_replicas_set_outside_the_bounds_are_brought_back() -> None:
     policy = dataclasses.replace(POLICY, min_replicas=2, max_replicas=4)
     above = run([60], policy=policy, current=7)[0]
@@ -186,6 +214,16 @@ def test_demand_is_in_flight_plus_queued_summed_over_the_routers() -> None:
     moved = RouterDemand(in_flight=0, queued=0, answered=12)
     demand, _ = total_demand({"a": moved, "b": one}, counts_now)
     assert demand == Demand(requests=9, arrived=True)
+
+
+def test_only_a_ready_router_that_does_not_answer_is_silent() -> None:
+    idle = RouterDemand(in_flight=0, queued=0, answered=5)
+    demand, _ = total_demand({"a": None, "b": idle}, {}, ready={"a", "b"})
+    assert demand == Demand(requests=0, arrived=False, silent=1)
+    # A router not Ready takes no new request from the Service: its silence
+    # (starting, crash-looping) says nothing of the demand.
+    demand, _ = total_demand({"a": None, "b": idle}, {}, ready={"b"})
+    assert demand == Demand(requests=0, arrived=False, silent=0)
 
 
 def test_no_router_answering_is_no_signal() -> None:

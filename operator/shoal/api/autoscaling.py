@@ -107,7 +107,7 @@ class AutoscalingStatus(ApiModel):
         default=None,
         max_length=64,
         description="ScaledUp, ScaledDown, Idle, OutOfBounds, WithinTolerance, Stabilizing, "
-        "NoSignal, Steady or StoodAside.",
+        "NoSignal, PartialSignal, Steady or StoodAside.",
     )
     message: str | None = Field(default=None, max_length=2048, description="Why, for a human.")
     last_scale_time: str | None = Field(

@@ -16,12 +16,14 @@ and the new memory out. `autoscaler` reads the routers and applies it.
   past the down window.
 - The result is within [minReplicas, maxReplicas]; a count set outside them
   (kubectl scale) is brought back at once.
-- No router answered: nothing is known, nothing changes."""
+- No router answered: nothing is known, nothing changes. A Ready router
+  that did not answer makes the demand a lower bound: it can scale up, not
+  down (nor to idle)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -40,6 +42,7 @@ class ScaleReason(StrEnum):
     WITHIN_TOLERANCE = "WithinTolerance"
     STABILIZING = "Stabilizing"  # the window holds a change back
     NO_SIGNAL = "NoSignal"  # no router answered
+    PARTIAL_SIGNAL = "PartialSignal"  # a ready router did not answer: no scale-down
     STEADY = "Steady"  # the recommendation is the current count
     STOOD_ASIDE = "StoodAside"  # an HPA or ScaledObject scales the cluster
 
@@ -61,6 +64,8 @@ class Demand:
 
     requests: float | None  # in flight plus queued, summed over the routers
     arrived: bool  # any request counted since the last round
+    # Ready routers that did not answer: requests is then a lower bound.
+    silent: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,18 +138,23 @@ def in_flight_by_replica(scrapes: Mapping[str, RouterDemand | None]) -> dict[str
 
 
 def total_demand(
-    scrapes: Mapping[str, RouterDemand | None], before: Mapping[str, float]
+    scrapes: Mapping[str, RouterDemand | None],
+    before: Mapping[str, float],
+    *,
+    ready: Collection[str] = (),
 ) -> tuple[Demand, dict[str, float]]:
     """This round's demand over the router pods (by uid; None: its scrape
-    failed), and each pod's answered count for the next round. A request
-    counts as arrived when a pod's count moved (or went down: it restarted)."""
+    failed; ready: the uids of those Ready), and each pod's answered count
+    for the next round. A request counts as arrived when a pod's count moved
+    (or went down: it restarted)."""
     answered = {uid: found.answered for uid, found in scrapes.items() if found is not None}
     if not answered:
         return Demand(requests=None, arrived=False), dict(before)
     found = [d for d in scrapes.values() if d is not None]
     arrived = any(uid in before and count != before[uid] for uid, count in answered.items())
     requests = sum(d.in_flight + d.queued for d in found)
-    return Demand(requests=requests, arrived=arrived), answered
+    silent = sum(1 for uid, d in scrapes.items() if d is None and uid in ready)
+    return Demand(requests=requests, arrived=arrived, silent=silent), answered
 
 
 def recommend(policy: ScalePolicy, *, demand: float, current: int) -> int:
@@ -186,7 +196,8 @@ def decide_scale(
         )
     summary = f"demand {demand.requests:g} for {current} replicas (target {policy.target:g} each)"
     idle_since = last_active if last_active is not None else started
-    if demand.requests == 0 and now - idle_since >= policy.idle_seconds:
+    idle = demand.requests == 0 and now - idle_since >= policy.idle_seconds
+    if idle and not demand.silent:
         desired = policy.min_replicas
         idle_memory = ScaleMemory((), last_active, started)
         if desired == current:
@@ -207,6 +218,13 @@ def decide_scale(
         )
     # Until idle, demand that just ended still keeps one replica.
     raw = max(recommend(policy, demand=demand.requests, current=current), 1)
+    # A silent router's demand is unknown, not 0: what answered can tell a
+    # scale-up, never a scale-down (an HPA counts pods missing metrics as at
+    # target when it would scale down). Recorded as the current count, so the
+    # down window starts again once every router answers.
+    partial = demand.silent > 0 and raw < current
+    if partial:
+        raw = current
     history = (*kept, (now, raw))
     next_memory = ScaleMemory(history, last_active, started)
     # An HPA's stabilization: up to the lowest recommendation of the up window,
@@ -219,7 +237,13 @@ def decide_scale(
     if desired > down:
         desired = down
     desired = _clamp(policy, desired)
-    if raw == current and math.ceil(demand.requests / policy.target - 1e-9) != current:
+    if partial:
+        routers = "1 ready router" if demand.silent == 1 else f"{demand.silent} ready routers"
+        held = (
+            ScaleReason.PARTIAL_SIGNAL,
+            f"{summary}: {routers} did not answer /metrics, so no scale-down",
+        )
+    elif raw == current and math.ceil(demand.requests / policy.target - 1e-9) != current:
         held = (ScaleReason.WITHIN_TOLERANCE, f"{summary}: within {policy.tolerance:.0%} of target")
     elif raw != current:
         held = (ScaleReason.STABILIZING, f"{summary} asks for {raw}: the window holds it back")

@@ -123,9 +123,11 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
         routers = 0
         in_flight: dict[str, float] = {}
     else:
-        scrapes = await _read_routers(ctx, await router_pods(ctx, ref))
+        pods = await router_pods(ctx, ref)
+        scrapes = await _read_routers(ctx, {uid: pod.ip for uid, pod in pods.items()})
         routers = sum(1 for found in scrapes.values() if found is not None)
-        demand, state.answered = total_demand(scrapes, state.answered)
+        ready = {uid for uid, pod in pods.items() if pod.ready}
+        demand, state.answered = total_demand(scrapes, state.answered, ready=ready)
         in_flight = in_flight_by_replica(scrapes)
         # Stamped when the demand was seen, not when the round began: the
         # down window counts from the last high reading itself.

@@ -187,6 +187,11 @@ def _condition(pod: Manifest, kind: str) -> dict[str, Any] | None:
     return None
 
 
+def is_ready(pod: Manifest) -> bool:
+    """The pod's Ready condition is True (readiness gates included)."""
+    return _status(_condition(pod, "Ready")) is ConditionStatus.TRUE
+
+
 def _status(condition: dict[str, Any] | None) -> ConditionStatus | None:
     if condition is None:
         return None
@@ -235,7 +240,6 @@ def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
     if index is None:
         return None
     labels = meta.get("labels") or {}
-    ready = _status(_condition(pod, "Ready"))
     containers_ready = _status(_condition(pod, "ContainersReady"))
     scheduled = _condition(pod, "PodScheduled")
     node = spec.get("nodeName") or None
@@ -260,7 +264,7 @@ def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
         ip=status.get("podIP") or None,
         node=node,
         terminating=bool(meta.get("deletionTimestamp")),
-        ready=ready is ConditionStatus.TRUE,
+        ready=is_ready(pod),
         containers_ready=containers_ready is ConditionStatus.TRUE,
         warmed=_status(_condition(pod, CONDITION_WARMED)),
         restarts=sum(c.get("restartCount", 0) for c in status.get("containerStatuses") or []),

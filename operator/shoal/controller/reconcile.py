@@ -64,7 +64,7 @@ from shoal.controller.names import (
     router_selector,
     selector_text,
 )
-from shoal.controller.observe import Observed, SetFacts, observe
+from shoal.controller.observe import Observed, SetFacts, is_ready, observe
 from shoal.controller.placement import GPU_COUNT_LABEL, with_gpu_facts
 from shoal.controller.probes import engine_key
 from shoal.controller.restarts import seed_restart_times
@@ -390,7 +390,9 @@ async def _probe(
             if pod.ip
         }
         routers = (
-            await router_pods(ctx, ref) if targets and spec.health.router_errors.enabled else {}
+            {uid: pod.ip for uid, pod in (await router_pods(ctx, ref)).items()}
+            if targets and spec.health.router_errors.enabled
+            else {}
         )
         assessed = ctx.health.update(
             ref,
@@ -408,8 +410,14 @@ async def _probe(
     )
 
 
-async def router_pods(ctx: OperatorContext, ref: ClusterRef) -> dict[str, str]:
-    """The cluster's running router pods (uid -> IP), whose /metrics the health
+@dataclasses.dataclass(frozen=True)
+class RouterPod:
+    ip: str
+    ready: bool  # the router Service sends it new requests
+
+
+async def router_pods(ctx: OperatorContext, ref: ClusterRef) -> dict[str, RouterPod]:
+    """The cluster's running router pods (by uid), whose /metrics the health
     loop (each replica's errors) and the autoscaler (demand) read; none when
     they cannot be listed."""
     try:
@@ -423,7 +431,7 @@ async def router_pods(ctx: OperatorContext, ref: ClusterRef) -> dict[str, str]:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
         ip = status.get("podIP")
         if ip and status.get("phase") == "Running" and not meta.get("deletionTimestamp"):
-            found[str(meta.get("uid"))] = str(ip)
+            found[str(meta.get("uid"))] = RouterPod(str(ip), is_ready(pod))
     return found
 
 
