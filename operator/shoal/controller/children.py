@@ -44,6 +44,15 @@ def comparable(body: Mapping[str, Any]) -> Manifest:
     return kept
 
 
+def cluster_of(body: Mapping[str, Any]) -> ClusterKey | None:
+    """The cluster a child belongs to, by its label; None for an object without."""
+    meta = body.get("metadata") or {}
+    cluster = (meta.get("labels") or {}).get(LABEL_CLUSTER)
+    if not cluster or not meta.get("namespace"):
+        return None
+    return (str(meta["namespace"]), str(cluster))
+
+
 class ChildStore:
     """The stored kinds' children of every watched cluster."""
 
@@ -53,12 +62,10 @@ class ChildStore:
     def seen(self, body: Mapping[str, Any], *, gone: bool) -> None:
         """A watch event of a child (gone: it was deleted); others are ignored."""
         kind = body.get("kind")
-        meta = body.get("metadata") or {}
-        cluster = (meta.get("labels") or {}).get(LABEL_CLUSTER)
-        if kind not in STORED_KINDS or not cluster or not meta.get("namespace"):
+        key = cluster_of(body)
+        if kind not in STORED_KINDS or key is None:
             return
-        key = (str(meta["namespace"]), str(cluster))
-        name = (str(kind), str(meta.get("name")))
+        name = (str(kind), str((body.get("metadata") or {}).get("name")))
         if gone:
             children = self._clusters.get(key)
             if children is not None:

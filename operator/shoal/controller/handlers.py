@@ -27,7 +27,7 @@ from shoal.api import GROUP, PLURAL, VERSION
 from shoal.api.status import ConditionStatus
 from shoal.controller.autoscaler import PERIOD_SECONDS as AUTOSCALE_SECONDS
 from shoal.controller.autoscaler import AutoscalerState, autoscale
-from shoal.controller.children import STORED_KINDS
+from shoal.controller.children import STORED_KINDS, cluster_of
 from shoal.controller.context import ClusterState, OperatorContext
 from shoal.controller.decide import Event, EventType
 from shoal.controller.events import NAME_PREFIX, REPORTING_COMPONENT
@@ -139,20 +139,13 @@ async def autoscale_timer(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         cluster_logger(*key_of(body)).warning("autoscaler round failed: %s", error)
 
 
-async def child_changed(
-    event: kopf.RawEvent,
-    body: kopf.Body,
-    labels: kopf.Labels,
-    namespace: str | None,
-    memo: kopf.Memo,
-    **_: Any,
-) -> None:
+async def child_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Kept (a stored kind), then its cluster woken: the pass sees it."""
     ctx = context_of(memo)
     ctx.children.seen(body, gone=event.get("type") == "DELETED")
-    cluster = labels.get(LABEL_CLUSTER)
-    if cluster and namespace:
-        ctx.wakeups.poke((namespace, cluster))
+    key = cluster_of(body)
+    if key is not None:
+        ctx.wakeups.poke(key)
 
 
 async def node_changed(status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:
