@@ -38,10 +38,12 @@ def run(
     start: float = 1000.0,
     step: float = 5.0,
     silent: int = 0,
+    memory: ScaleMemory | None = None,
 ) -> list[ScaleDecision]:
     """The decisions of successive rounds, each applying the one before
-    (silent: ready routers that did not answer, every round)."""
-    memory = ScaleMemory(last_active=start)
+    (silent: ready routers that did not answer, every round; memory: the
+    rounds before, or a request just seen)."""
+    memory = memory if memory is not None else ScaleMemory(last_active=start)
     decisions = []
     for i, load in enumerate(loads):
         arrived = load is not None and load > 0
@@ -154,18 +156,7 @@ def test_a_ready_router_that_does_not_answer_holds_scale_downs_not_scale_ups() -
     up = run([60], current=4, silent=1)[0]
     assert (up.desired, up.reason) == (6, ScaleReason.SCALED_UP)
     # Once every router answers again, the down window counts from there.
-    memory, current = held[-1].memory, 4
-    seen = []
-    for i in range(14):
-        decision = decide_scale(
-            POLICY,
-            demand=Demand(requests=5, arrived=True),
-            current=current,
-            memory=memory,
-            now=1200.0 + 5 * i,
-        )
-        current, memory = decision.desired, decision.memory
-        seen.append(current)
+    seen = counts(run([5] * 14, current=4, memory=held[-1].memory, start=1200.0))
     assert seen[:12] == [4] * 12 and seen[-1] == 1, seen
 
 
@@ -234,17 +225,6 @@ def test_no_router_answering_is_no_signal() -> None:
 def test_a_first_round_without_load_waits_a_whole_down_window_before_scaling_down() -> None:
     # A new cluster (or a restarted operator) with no load yet: 60 s window at 5 s a round.
     policy = dataclasses.replace(POLICY, min_replicas=1)
-    memory = ScaleMemory()
-    current, seen = 2, []
-    for i in range(14):
-        decision = decide_scale(
-            policy,
-            demand=Demand(requests=0, arrived=False),
-            current=current,
-            memory=memory,
-            now=1000.0 + 5 * i,
-        )
-        current, memory = decision.desired, decision.memory
-        seen.append(current)
+    seen = counts(run([0] * 14, policy=policy, current=2, memory=ScaleMemory()))
     assert seen[:12] == [2] * 12
     assert seen[-1] == 1
