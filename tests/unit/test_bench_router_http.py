@@ -8,11 +8,11 @@ import json
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import RawTestServer, TestClient, TestServer
 
 from shoal.bench.instant_upstream import build_app
 from shoal.bench.router_http import _cpu_per_request, workload_request
-from shoal.bench.server_floor import ANSWER, Answering, answering_app
+from shoal.bench.server_floor import ANSWER, Answering, answer, answering_app
 from shoal.bench.workloads import GENERATORS
 from shoal.engine.endpoints import CHAT_COMPLETIONS
 
@@ -62,7 +62,7 @@ def test_each_router_is_charged_its_own_cpu_per_request() -> None:
     assert charged == {"direct": 25.0, "router": 100.0, "smg:cache_aware": 150.0}
 
 
-def test_both_floor_servers_answer_each_request_of_a_kept_alive_connection() -> None:
+def test_the_floor_servers_answer_each_request_of_a_kept_alive_connection() -> None:
     request = (
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%s"
@@ -83,12 +83,19 @@ def test_both_floor_servers_answer_each_request_of_a_kept_alive_connection() -> 
         writer.close()
         return answers
 
-    async def run() -> tuple[bytes, bytes]:
+    async def run() -> list[bytes]:
         loop = asyncio.get_running_loop()
         bare = await loop.create_server(Answering, "127.0.0.1", 0)
-        async with TestServer(answering_app()) as served:
-            assert served.port is not None
-            answered = await exchange(served.port), await exchange(bare.sockets[0].getsockname()[1])
+        async with (
+            TestServer(answering_app()) as served,
+            RawTestServer(answer) as low,
+        ):
+            assert served.port is not None and low.port is not None
+            answered = [
+                await exchange(served.port),
+                await exchange(low.port),
+                await exchange(bare.sockets[0].getsockname()[1]),
+            ]
         bare.close()
         return answered
 

@@ -4,6 +4,9 @@ what answering one small request costs a server alone on the router's core.
 - `aiohttp-server`: the router's own server, set up as the router sets it up (no
   access log, handler cancellation), one catch-all handler that reads and
   decodes the body and answers a fixed completion.
+- `aiohttp-lowlevel`: the same handler on aiohttp's low-level `web.Server`,
+  without an Application: what aiohttp's protocol, parser and response
+  writing cost without its application layer (routing, `web.Request`).
 - `protocol-server`: the least a Python server on uvloop can cost: an asyncio
   protocol on httptools (llhttp) that decodes the body and writes the same
   answer. Not a server to deploy (no limits, no timeouts, no streaming): a
@@ -37,10 +40,11 @@ _HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %
 
 class FloorServer(enum.StrEnum):
     AIOHTTP = "aiohttp-server"
+    AIOHTTP_LOWLEVEL = "aiohttp-lowlevel"
     PROTOCOL = "protocol-server"
 
 
-async def _answer(request: web.Request) -> web.Response:
+async def answer(request: web.BaseRequest) -> web.Response:
     raw = await request.read()
     if raw:
         orjson.loads(raw)
@@ -49,8 +53,12 @@ async def _answer(request: web.Request) -> web.Response:
 
 def answering_app() -> web.Application:
     app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", _answer)
+    app.router.add_route("*", "/{tail:.*}", answer)
     return app
+
+
+def answering_server() -> web.Server:
+    return web.Server(answer, access_log=None, handler_cancellation=True)
 
 
 class Answering(asyncio.Protocol):
@@ -84,15 +92,18 @@ class Answering(asyncio.Protocol):
 
 
 async def _serve(kind: FloorServer, port: int) -> None:
-    if kind is FloorServer.AIOHTTP:
-        runner = web.AppRunner(answering_app(), access_log=None, handler_cancellation=True)
-        await runner.setup()
-        await web.TCPSite(runner, HOST, port).start()
-        await asyncio.Event().wait()
-    else:
+    if kind is FloorServer.PROTOCOL:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(Answering, HOST, port, backlog=1024)
         await server.serve_forever()
+    runner: web.BaseRunner = (
+        web.AppRunner(answering_app(), access_log=None, handler_cancellation=True)
+        if kind is FloorServer.AIOHTTP
+        else web.ServerRunner(answering_server())
+    )
+    await runner.setup()
+    await web.TCPSite(runner, HOST, port).start()
+    await asyncio.Event().wait()
 
 
 def serve(kind: FloorServer, port: int) -> None:
