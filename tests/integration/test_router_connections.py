@@ -8,7 +8,10 @@
 - requests aiohttp's parser refuses get OpenAI-shaped 400s that echo none of
   their bytes, cheaply, with no traceback logged, and the router keeps serving;
 - answers name no server software and, unless replicaHeader is set for
-  debugging, no replica.
+  debugging, no replica;
+- a client that sends `Expect: 100-continue` and waits for it before its
+  body (curl does for a body over 1 KiB) is told to go on at once; another
+  expectation is refused with an OpenAI-shaped 417.
 """
 
 from __future__ import annotations
@@ -159,3 +162,25 @@ def test_answers_name_no_server_software_and_no_replica_unless_asked(tmp_path: P
             for body in (FINE, {**FINE, "stream": True}):
                 answer = httpx.post(front + "/v1/completions", json=body, timeout=10)
                 assert answer.headers["x-shoal-replica"] == urls[0].removeprefix("http://")
+
+
+def test_a_client_that_expects_100_continue_is_told_to_go_on(tmp_path: Path) -> None:
+    body = json.dumps(FINE).encode()
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nExpect: %s\r\nConnection: close\r\n\r\n"
+    )
+    with sims(1, tmp_path) as urls, router(urls, tmp_path) as front:
+        with _connection(front) as sock:
+            sock.settimeout(5)
+            sock.sendall(head % (len(body), b"100-continue"))
+            # Nothing more is sent until the router says to go on.
+            assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+            sock.sendall(body)
+            answer = _answer(sock)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+        assert json.loads(answer.partition(b"\r\n\r\n")[2])["choices"]
+        with _connection(front) as sock:
+            sock.sendall(head % (len(body), b"a-miracle") + body)
+            error = _openai(_answer(sock), 417)
+        assert error["param"] == "Expect"

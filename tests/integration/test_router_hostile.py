@@ -22,13 +22,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from shoal.router import proxy
 from shoal.router.app import Discovery, Router
 from shoal.router.config import RouterConfig
 from shoal.router.fleet import Fleet
 from tests.integration.procs import MODEL, router, sims
+from tests.router_served import router_client
 
 FINE = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
 
@@ -137,7 +137,7 @@ def test_a_router_bug_answers_an_openai_shaped_500_and_logs_one_line(
 
     async def ask() -> list[tuple[int, str, str, dict[str, object]]]:
         await router_.proxy.start()
-        async with TestClient(TestServer(router_.app())) as client:
+        async with router_client(router_) as client:
             answers = []
             for method, path in (("POST", "/v1/completions"), ("GET", "/v1/models")):
                 answer = await client.request(method, path, json=FINE)

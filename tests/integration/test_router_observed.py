@@ -21,7 +21,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
-from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -30,6 +29,7 @@ from shoal.router.app import Discovery, Router
 from shoal.router.config import RouterConfig
 from shoal.router.tracing import Tracing
 from tests.integration.procs import MODEL, router, set_fault, sims
+from tests.router_served import router_client
 
 FINE = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
 
@@ -119,7 +119,7 @@ def _traced_router(engines: list[str], exporter: InMemorySpanExporter, **config:
 async def _ask(router_: Router, *requests: dict[str, object]) -> list[int]:
     await router_.start()
     try:
-        async with TestClient(TestServer(router_.app())) as client:
+        async with router_client(router_) as client:
             await wait_for_scrape(router_)
             statuses = []
             for headers in requests:

@@ -59,7 +59,7 @@ async def router_at_zero(
             Discovery(namespace="team", selector="app=eng", engine_port=engine_port),
         )
         await router.start()
-        runner = web.AppRunner(router.app())
+        runner = web.ServerRunner(router.server())
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

@@ -12,12 +12,12 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from shoal.router.app import Discovery, Router
 from shoal.router.config import RouterConfig
 from tests.integration.procs import MODEL
 from tests.integration.test_router_observed import wait_for_scrape
+from tests.router_served import router_client
 
 CHUNKS = (b"data: first\n\n", b"data: second\n\n")
 
@@ -66,7 +66,7 @@ async def _stream_and_watch(url: str) -> tuple[bytes, list[bytes]]:
     """The client's stream, and the router's writes to the client's connection."""
     writes: list[bytes] = []
 
-    async def watch(request: web.Request, _: web.StreamResponse) -> None:
+    def watch(request: web.BaseRequest) -> None:
         # Every write to this connection from here on, as the kernel is asked.
         transport = request.transport
         assert transport is not None
@@ -83,11 +83,16 @@ async def _stream_and_watch(url: str) -> tuple[bytes, list[bytes]]:
         transport.writelines = counted_lines  # type: ignore[method-assign,assignment]
 
     router_ = Router(RouterConfig.model_validate({}), Discovery(endpoints=[url]))
-    app = router_.app()
-    app.on_response_prepare.append(watch)
+    handle = router_.answer
+
+    async def watched(request: web.BaseRequest) -> web.StreamResponse:
+        watch(request)  # before anything is written for this request
+        return await handle(request)
+
+    router_.answer = watched  # type: ignore[method-assign]
     await router_.start()
     try:
-        async with TestClient(TestServer(app)) as client:
+        async with router_client(router_) as client:
             await wait_for_scrape(router_)
             body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "stream": True}
             answer = await client.post("/v1/completions", json=body)

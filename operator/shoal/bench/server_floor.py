@@ -1,12 +1,13 @@
 """HTTP servers with nothing behind them, for `router_http --server-floors`:
 what answering one small request costs a server alone on the router's core.
 
-- `aiohttp-server`: the router's own server, set up as the router sets it up (no
-  access log, handler cancellation), one catch-all handler that reads and
-  decodes the body and answers a fixed completion.
+- `aiohttp-server`: aiohttp with an Application (no access log, handler
+  cancellation), as the router was served until session 27, one catch-all
+  handler that reads and decodes the body and answers a fixed completion.
 - `aiohttp-lowlevel`: the same handler on aiohttp's low-level `web.Server`,
-  without an Application: what aiohttp's protocol, parser and response
-  writing cost without its application layer (routing, `web.Request`).
+  without an Application, as the router is served now (router/dispatch.py):
+  what aiohttp's protocol, parser and response writing cost without its
+  application layer (routing, `web.Request`).
 - `protocol-server`: the least a Python server on uvloop can cost: an asyncio
   protocol on httptools (llhttp) that decodes the body and writes the same
   answer. Not a server to deploy (no limits, no timeouts, no streaming): a

@@ -18,10 +18,11 @@ from shoal.router.connections import (
     KEEPALIVE_SECONDS,
     MAX_HEADERS,
     MAX_LINE_BYTES,
-    GuardedRunner,
+    GuardedServer,
 )
 from shoal.router.discovery import PodWatcher, static_endpoints
-from shoal.router.errors import drop_server_header, error_response, guarded
+from shoal.router.dispatch import Dispatch, Proxied
+from shoal.router.errors import error_response, guarded
 from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.heap import settle
 from shoal.router.hot import HotPrefixes
@@ -30,7 +31,6 @@ from shoal.router.metrics import RouterMetrics
 from shoal.router.placements import PLACEMENTS_PATH, WAIT_SECONDS, PeerSync, PlacementLog, encode
 from shoal.router.prefix import checkpoints
 from shoal.router.proxy import Proxy
-from shoal.router.routes import register as register_routes
 from shoal.router.scrape import Scraper
 from shoal.router.tracing import Tracing
 
@@ -111,6 +111,16 @@ class Router:
         self.scraper = Scraper(fleet=self.fleet, metrics=self.metrics, on_change=self._after_scrape)
         self.draining = False
         self._tasks: list[asyncio.Task[None]] = []
+        # Every engine route the router proxies or refuses (router/routes.py),
+        # and its own.
+        self.dispatch = Dispatch(
+            own={
+                "/v1/models": guarded(self.models),
+                "/health": self.health,
+                "/ready": guarded(self.ready),
+                "/metrics": guarded(self.metrics_endpoint),
+            }
+        )
 
     # ---- fleet changes
     def publish(self, endpoints: list[Endpoint]) -> None:
@@ -204,10 +214,10 @@ class Router:
             await asyncio.sleep(0.1)
 
     # ---- handlers
-    async def health(self, _: web.Request) -> web.Response:
+    async def health(self, _: web.BaseRequest) -> web.Response:
         return web.Response(text="ok")
 
-    async def ready(self, _: web.Request) -> web.Response:
+    async def ready(self, _: web.BaseRequest) -> web.Response:
         if self.draining:
             return error_response(503, "Router is draining.")
         routable = len(self.fleet.routable())
@@ -224,13 +234,13 @@ class Router:
             return error_response(503, "Waiting for the first scrape of the replicas' metrics.")
         return web.json_response({"status": "ready", "routable": routable})
 
-    async def metrics_endpoint(self, _: web.Request) -> web.Response:
+    async def metrics_endpoint(self, _: web.BaseRequest) -> web.Response:
         return web.Response(
             body=generate_latest(self.metrics.registry),
             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
         )
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: web.BaseRequest) -> web.Response:
         """Models served by any routable replica, merged by id."""
         if not self.proxy.authorized(request):
             self.metrics.rejected.labels("unauthorized").inc()
@@ -259,29 +269,37 @@ class Router:
                 merged.setdefault(str(model.get("id")), model)
         return web.json_response({"object": "list", "data": list(merged.values())})
 
-    async def hot_prefixes(self, _: web.Request) -> web.Response:
+    async def hot_prefixes(self, _: web.BaseRequest) -> web.Response:
         if self.hot is None:
             return error_response(404, "Hot prefixes are disabled.")
         return web.json_response({"prefixes": self.hot.top()})
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes)
-        app.on_response_prepare.append(drop_server_header)
-        # Every engine route the router proxies or refuses (router/routes.py).
-        # The proxy's handler has its own catch-all (it also stamps the
-        # request id); the others are guarded here.
-        register_routes(app, proxied=self.proxy.handle)
-        app.router.add_get("/v1/models", guarded(self.models))
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/ready", guarded(self.ready))
-        app.router.add_get("/metrics", guarded(self.metrics_endpoint))
-        # Routes of their own rather than a middleware (which would cost every
-        # request a call): what aiohttp would answer in plain text, as
-        # OpenAI-shaped errors (the proxied paths' 405s come with them).
-        app.router.add_route("*", "/{tail:.*}", _not_found)
-        return app
+    async def answer(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The client port's one handler."""
+        target = self.dispatch.resolve(request.method, request.rel_url.path_safe)
+        if isinstance(target, Proxied):
+            return await self.proxy.handle(request, target)
+        return await target(request)
 
-    async def placements_endpoint(self, request: web.Request) -> web.Response:
+    def server(self) -> GuardedServer:
+        """The client port's HTTP server (in a running loop)."""
+        # handler_cancellation: a client that disconnects cancels its handler,
+        # which closes the upstream connection, so the engine aborts the
+        # request too.
+        return GuardedServer(
+            self.answer,
+            header_seconds=self.config.timeouts.client_header_seconds,
+            max_connections=self.config.max_client_connections,
+            client_max_size=self.config.max_body_bytes,
+            handler_cancellation=True,
+            access_log=None,
+            keepalive_timeout=KEEPALIVE_SECONDS,
+            max_line_size=MAX_LINE_BYTES,
+            max_field_size=MAX_LINE_BYTES,
+            max_headers=MAX_HEADERS,
+        )
+
+    async def placements_endpoint(self, request: web.BaseRequest) -> web.Response:
         """This router's placements after a cursor, for its peers: waits up to
         `wait` seconds (at most WAIT_SECONDS) for one when none is new."""
         if self.placements is None:
@@ -312,29 +330,13 @@ class Router:
         return app
 
 
-async def _not_found(_: web.Request) -> web.Response:
-    return error_response(404, "Not found.")
-
-
 async def serve(router: Router, *, host: str, port: int) -> None:
     """Run until SIGTERM or SIGINT, then drain and stop."""
     await router.start()
-    # handler_cancellation: a client that disconnects cancels its handler, which
-    # closes the upstream connection, so the engine aborts the request too.
-    runner = GuardedRunner(
-        router.app(),
-        header_seconds=router.config.timeouts.client_header_seconds,
-        max_connections=router.config.max_client_connections,
-        handler_cancellation=True,
-        access_log=None,
-        keepalive_timeout=KEEPALIVE_SECONDS,
-        max_line_size=MAX_LINE_BYTES,
-        max_field_size=MAX_LINE_BYTES,
-        max_headers=MAX_HEADERS,
-    )
+    runner: web.BaseRunner = web.ServerRunner(router.server())
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
-    runners: list[web.AppRunner] = [runner]
+    runners = [runner]
     if router.serves_internal:
         internal = web.AppRunner(router.internal_app(), access_log=None)
         await internal.setup()

@@ -1,14 +1,17 @@
 """Client connections, below the routes: a deadline for a request's headers,
-a bound on open connections, and the HTTP layer's own errors (aiohttp's
-parser refusing a request) as OpenAI-shaped JSON that echoes nothing.
+a bound on open connections, `Expect: 100-continue`, answers that name no
+server software, and the HTTP layer's own errors (aiohttp's parser refusing
+a request) as OpenAI-shaped JSON that echoes nothing.
 
 aiohttp (3.14) has neither a header deadline nor a connection bound, and
 answers parser errors in plain text quoting the bytes it refused, with a
 logged traceback. Its RequestHandler is the one place that sees a connection
 before any request exists, so it is subclassed here, with `handle_error`
-(the documented hook of its error answers) overridden; `AppRunner._make_server`
-hands aiohttp's Server our handler class. tests/integration/test_router_connections.py
-pins that contract."""
+(the documented hook of its error answers) overridden; `GuardedServer`, on
+aiohttp's low-level Server, makes our handler class and our requests.
+Without an aiohttp Application (router/dispatch.py says why), what it did
+for every request is done here: the body's size bound, the answer to
+`Expect`. tests/integration/test_router_connections.py pins that contract."""
 
 from __future__ import annotations
 
@@ -17,11 +20,14 @@ import json
 import logging
 from typing import Any, cast
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http import HttpVersion11, RawRequestMessage
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from shoal.router.errors import QuietResponse, error_body
+from shoal.router.errors import Handler, error_body, error_response
 
 log = logging.getLogger("shoal.router")
 
@@ -44,13 +50,47 @@ def canned(status: int, reason: str, message: str, *, extra: bytes = b"") -> byt
     )
 
 
+class RouterRequest(BaseRequest):
+    """A request whose answer names no server software: aiohttp adds
+    `Server: Python/... aiohttp/...` while preparing any answer, after the
+    headers set before, then calls this hook."""
+
+    __slots__ = ()
+
+    async def _prepare_hook(self, response: web.StreamResponse) -> None:
+        response.headers.popall(hdrs.SERVER, None)
+
+
+async def _expected(request: web.BaseRequest) -> web.StreamResponse | None:
+    """What aiohttp's Application answered to `Expect` (RFC 9110 10.1.1):
+    100 Continue, so a client that waits for it (curl, for a body over 1 KiB)
+    sends the body at once, or 417 for an expectation it cannot meet."""
+    if request.version != HttpVersion11:
+        return None
+    if request.headers[hdrs.EXPECT].lower() != "100-continue":
+        return error_response(417, "Only 'Expect: 100-continue' is supported.", param="Expect")
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the answer proper is still to start
+    await request.writer.drain()
+    return None
+
+
 class GuardedServer(web.Server):
-    """aiohttp's Server, making `ClientConnection`s."""
+    """aiohttp's low-level Server, making `ClientConnection`s and
+    `RouterRequest`s bounded to `client_max_size` bytes of body."""
 
     def __init__(
-        self, *args: Any, header_seconds: float, max_connections: int, **kwargs: Any
+        self,
+        handler: Handler,
+        *,
+        header_seconds: float,
+        max_connections: int,
+        client_max_size: int,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(self._answer, request_factory=self._request, **kwargs)
+        self._handler = handler
+        self._client_max_size = client_max_size
         self.header_seconds = header_seconds
         self.max_connections = max_connections
         self.too_slow = canned(
@@ -65,6 +105,31 @@ class GuardedServer(web.Server):
             extra=b"Retry-After: 1\r\n",
         )
         self.refused = 0  # connections refused for the bound, for tests and metrics
+
+    def _request(
+        self,
+        message: RawRequestMessage,
+        payload: StreamReader,
+        protocol: RequestHandler,
+        writer: AbstractStreamWriter,
+        task: asyncio.Task[None],
+    ) -> RouterRequest:
+        return RouterRequest(
+            message,
+            payload,
+            protocol,
+            writer,
+            task,
+            self._loop,
+            client_max_size=self._client_max_size,
+        )
+
+    async def _answer(self, request: web.BaseRequest) -> web.StreamResponse:
+        if hdrs.EXPECT in request.headers:
+            refused = await _expected(request)
+            if refused is not None:
+                return refused
+        return await self._handler(request)
 
     def full(self) -> bool:
         return len(self._connections) >= self.max_connections
@@ -148,33 +213,10 @@ class ClientConnection(RequestHandler):
         else:
             log.debug("refused a malformed request from %s: %s", request.remote, kind)
             text = f"The request is not valid HTTP/1.1 ({kind})."
-        response = QuietResponse(
+        response = web.Response(
             status=status,
             text=json.dumps(error_body(status, text)),
             content_type="application/json",
         )
         response.force_close()
         return response
-
-
-class GuardedRunner(web.AppRunner):
-    """An AppRunner whose connections are `ClientConnection`s."""
-
-    def __init__(
-        self, app: web.Application, *, header_seconds: float, max_connections: int, **kwargs: Any
-    ) -> None:
-        super().__init__(app, **kwargs)
-        self._header_seconds = header_seconds
-        self._max_connections = max_connections
-
-    async def _make_server(self) -> web.Server:
-        made = await super()._make_server()
-        return GuardedServer(
-            made.request_handler,
-            request_factory=made.request_factory,
-            handler_cancellation=made.handler_cancellation,
-            loop=made._loop,
-            header_seconds=self._header_seconds,
-            max_connections=self._max_connections,
-            **made._kwargs,
-        )

@@ -10,11 +10,11 @@ from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
-from aiohttp import hdrs, web
+from aiohttp import web
 
 log = logging.getLogger("shoal.router")
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 _TYPES = {
     400: "BadRequestError",
@@ -26,21 +26,6 @@ _TYPES = {
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
-
-
-class QuietResponse(web.Response):
-    """A Response without aiohttp's `Server: Python/... aiohttp/...` header
-    (which it adds while preparing, after any header set before), for the
-    HTTP layer's answers, which no route and so no `drop_server_header` sees."""
-
-    async def _prepare_headers(self) -> None:
-        await super()._prepare_headers()
-        self._headers.popall(hdrs.SERVER, None)
-
-
-async def drop_server_header(_: web.Request, response: web.StreamResponse) -> None:
-    """An `on_response_prepare` signal: answers name no server software."""
-    response.headers.popall(hdrs.SERVER, None)
 
 
 def error_body(status: int, message: str, *, param: str | None = None) -> dict[str, Any]:
@@ -72,7 +57,7 @@ def sse_error(status: int, message: str) -> bytes:
     return b"\n\ndata: %s\n\ndata: [DONE]\n\n" % json.dumps(error_body(status, message)).encode()
 
 
-def internal_error(request: web.Request, error: Exception) -> web.Response:
+def internal_error(request: web.BaseRequest, error: Exception) -> web.Response:
     """A router bug's answer: an OpenAI-shaped 500 and one log line (the
     traceback only at DEBUG), instead of aiohttp's plain-text 500."""
     log.error(
@@ -89,7 +74,7 @@ def internal_error(request: web.Request, error: Exception) -> web.Response:
 def guarded(handler: Handler) -> Handler:
     """`handler`, answering `internal_error` for any exception it lets out."""
 
-    async def guarded_handler(request: web.Request) -> web.StreamResponse:
+    async def guarded_handler(request: web.BaseRequest) -> web.StreamResponse:
         try:
             return await handler(request)
         except web.HTTPException:

@@ -24,6 +24,7 @@ from multidict import CIMultiDict
 
 from shoal.router.breaker import Outcome
 from shoal.router.config import RouterConfig
+from shoal.router.dispatch import Proxied
 from shoal.router.errors import error_response, internal_error, sse_error
 from shoal.router.fleet import Fleet, Replica
 from shoal.router.hold import HeldRequests
@@ -33,7 +34,7 @@ from shoal.router.placements import PlacementLog
 from shoal.router.policy import Choice, Chooser, RequestFacts
 from shoal.router.prefix import PrefixKey, hash_text, prefix_key, request_facts
 from shoal.router.relay import ChunkRelay
-from shoal.router.routes import Refusal, route_of
+from shoal.router.routes import Refusal
 from shoal.router.routes import plan as plan_request
 from shoal.router.tracing import NOT_TRACED, Tracing
 from shoal.router.upstream import Exchange, Pool, UpstreamError, UpstreamTimeout, request_head
@@ -166,7 +167,7 @@ class Proxy:
         self.engine_authorization = b"Authorization: Bearer %s\r\n" % key if key else b""
 
     # ---- request path
-    def authorized(self, request: web.Request) -> bool:
+    def authorized(self, request: web.BaseRequest) -> bool:
         if not self.api_keys:
             return True
         header = request.headers.get("Authorization", "")
@@ -181,14 +182,14 @@ class Proxy:
             matched |= hmac.compare_digest(given, key)
         return matched
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.BaseRequest, target: Proxied) -> web.StreamResponse:
         given = request.headers.get(REQUEST_ID_HEADER)
         request_id = given if given and _REQUEST_ID.fullmatch(given) else self._new_id()
         try:
             with (
                 NOT_TRACED if self.tracing is None else self.tracing.request(request, request_id)
             ) as traced:
-                response = await self._handle(request, request_id)
+                response = await self._handle(request, target, request_id)
                 traced.answered(response.status)
         except Exception as error:
             response = internal_error(request, error)
@@ -207,7 +208,7 @@ class Proxy:
         self._next_id = at + 32
         return self._ids[at : at + 32]
 
-    def _identity(self, request: web.Request, request_id: str) -> bytes:
+    def _identity(self, request: web.BaseRequest, request_id: str) -> bytes:
         """Header lines the engine gets about the client's request. Values
         arrive as aiohttp parsed them (no CR or LF), surrogate-escaped."""
         headers = request.headers
@@ -228,7 +229,9 @@ class Proxy:
         lines.append(self.engine_authorization)
         return b"".join(lines)
 
-    async def _handle(self, request: web.Request, request_id: str) -> web.StreamResponse:
+    async def _handle(
+        self, request: web.BaseRequest, target: Proxied, request_id: str
+    ) -> web.StreamResponse:
         started = time.perf_counter()
         if not self.authorized(request):
             self.metrics.rejected.labels("unauthorized").inc()
@@ -265,7 +268,7 @@ class Proxy:
             )
             slow.force_close()  # the rest of the body would pass for a request
             return slow
-        route = route_of(request)  # how this path is routed (router/routes.py)
+        route = target.route  # how this path is routed (router/routes.py)
         body, problem = _parse_body(raw) if route.body else ({}, None)
         if body is None:
             self.metrics.rejected.labels("bad_request").inc()
@@ -273,7 +276,7 @@ class Proxy:
         plan = plan_request(
             route,
             body,
-            match=request.match_info,
+            match=target.match,
             query=request.query,
             replica_ids=self.fleet.replicas.keys(),
         )
@@ -466,7 +469,7 @@ class Proxy:
 
     async def _forward(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         replica: Replica,
         raw: bytes,
         *,
@@ -670,7 +673,7 @@ class Proxy:
 
     async def _stream(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         exchange: Exchange,
         status: int,
         headers: CIMultiDict[str],
@@ -736,7 +739,7 @@ def _raw(value: str) -> bytes:
     return value.encode("utf-8", "surrogateescape")
 
 
-def _session_key(request: web.Request, body: dict[str, Any]) -> int | None:
+def _session_key(request: web.BaseRequest, body: dict[str, Any]) -> int | None:
     session = request.headers.get("x-session-id") or body.get("user")
     return hash_text(str(session)) if session else None
 

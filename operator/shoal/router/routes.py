@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,6 @@ from shoal.router.shapes import Shape, chat_form, routing_text
 from shoal.router.stored import new_response_id, replica_tag, tag_of
 
 JsonDict = dict[str, Any]
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class Routing(enum.Enum):
@@ -126,15 +125,6 @@ ROUTES: tuple[Route, ...] = (
 )  # fmt: skip
 
 _BY_KEY = {(r.method, r.path): r for r in ROUTES}
-# A route this table does not name (the tests' or another module's): chat's rules.
-_DEFAULT = _BY_KEY[("POST", "/v1/chat/completions")]
-
-
-def route_of(request: web.Request) -> Route:
-    """The table's entry for the route aiohttp matched."""
-    resource = request.match_info.route.resource
-    path = resource.canonical if resource is not None else request.path
-    return _BY_KEY.get((request.method, path), _DEFAULT)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,33 +216,3 @@ def plan(
         pinned=pinned,
         names_replica=True,
     )
-
-
-async def _refused(request: web.Request) -> web.Response:
-    route = _BY_KEY.get((request.method, request.match_info.route.resource.canonical))  # type: ignore[union-attr]
-    why = route.note if route is not None else "not served"
-    return error_response(404, f"{request.path} is not served by shoal's router: {why}.")
-
-
-def _not_allowed(methods: list[str]) -> Handler:
-    allow = ", ".join(methods)
-
-    async def not_allowed(_: web.Request) -> web.Response:
-        return error_response(405, "Method not allowed.", headers={"Allow": allow})
-
-    return not_allowed
-
-
-def register(app: web.Application, *, proxied: Handler) -> None:
-    """Add the table's proxied and refused routes to `app` (before its
-    catch-all): `proxied` serves PREFIX, STORED and ANY routes; a path's
-    other methods answer an OpenAI-shaped 405. OWN routes the app adds."""
-    paths: dict[str, list[str]] = {}
-    for route in ROUTES:
-        if route.routing is Routing.OWN:
-            continue
-        handler = _refused if route.routing is Routing.REFUSED else proxied
-        app.router.add_route(route.method, route.path, handler)
-        paths.setdefault(route.path, []).append(route.method)
-    for path, methods in paths.items():
-        app.router.add_route("*", path, _not_allowed(methods))

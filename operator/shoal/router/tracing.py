@@ -102,7 +102,7 @@ class Tracing:
             self.provider.shutdown()
 
     @contextmanager
-    def request(self, request: web.Request, request_id: str) -> Iterator[Attempt]:
+    def request(self, request: web.BaseRequest, request_id: str) -> Iterator[Attempt]:
         """The request's span, current while the request is handled (its
         children find it through the task's context); the Attempt it yields
         takes the answer's status."""
@@ -169,7 +169,7 @@ class Tracing:
 class _Carrier(dict[str, Any]):
     """A client's trace headers, as the propagator reads them."""
 
-    def __init__(self, request: web.Request) -> None:
+    def __init__(self, request: web.BaseRequest) -> None:
         super().__init__()
         for name in ("traceparent", "tracestate"):
             value = request.headers.get(name)
