@@ -97,6 +97,7 @@ async def _serve(kind: FloorServer, port: int) -> None:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(Answering, HOST, port, backlog=1024)
         await server.serve_forever()
+        return
     runner: web.BaseRunner = (
         web.AppRunner(answering_app(), access_log=None, handler_cancellation=True)
         if kind is FloorServer.AIOHTTP
