@@ -2,7 +2,7 @@
 
 - a client that trickles its request headers in (slowloris) gets 408 within
   the header deadline and its connection is closed; so does one that sends
-  nothing;
+  nothing; on the internal port (peers, warm-up) too;
 - connections beyond maxClientConnections are answered 503 (OpenAI-shaped,
   Retry-After) and closed; the router serves again once some close;
 - requests aiohttp's parser refuses get OpenAI-shaped 400s that echo none of
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from shoal.procs import free_port
 from tests.integration.procs import MODEL, router, sims
 
 FINE = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
@@ -94,6 +95,29 @@ def test_a_client_that_trickles_its_headers_gets_408_within_the_header_deadline(
                 b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
             )
             assert _answer(ok).startswith(b"HTTP/1.1 200")
+
+
+def test_the_internal_port_has_the_same_header_deadline_and_error_answers(
+    tmp_path: Path,
+) -> None:
+    internal = free_port()
+    config = {
+        "timeouts": {"clientHeaderSeconds": 1},
+        "hotPrefixes": {"enabled": True},
+        "internalPort": internal,
+    }
+    with sims(1, tmp_path) as urls, router(urls, tmp_path, config=config):
+        inside = f"http://127.0.0.1:{internal}"
+        with _connection(inside) as slow:
+            slow.settimeout(6)
+            started = time.monotonic()
+            slow.sendall(b"GET /hot-prefixes HTTP/1.1\r\nHost: x\r\n")
+            _openai(_answer(slow), 408)
+            assert time.monotonic() - started < 5
+        missing = httpx.get(inside + "/nowhere", timeout=5)
+        assert missing.status_code == 404 and "server" not in missing.headers
+        assert missing.json()["error"]["code"] == 404
+        assert httpx.get(inside + "/hot-prefixes", timeout=5).json() == {"prefixes": []}
 
 
 def test_connections_beyond_the_bound_are_refused_with_503_and_the_router_recovers(

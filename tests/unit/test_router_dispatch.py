@@ -125,3 +125,14 @@ def test_the_routers_own_get_routes_take_head() -> None:
     for method in ("GET", "HEAD"):
         assert DISPATCH.resolve(method, "/health") is _own
         assert DISPATCH.resolve(method, "/v1/models") is _own
+
+
+def test_without_the_table_nothing_is_proxied() -> None:
+    """The internal port: its own routes only."""
+    internal = Dispatch(own={"/hot-prefixes": _own}, table=())
+    assert internal.resolve("GET", "/hot-prefixes") is _own
+    for method, path in (("POST", "/v1/completions"), ("GET", "/ping"), ("GET", "/health")):
+        target = internal.resolve(method, path)
+        assert not isinstance(target, Proxied)
+        answer = asyncio.run(target(make_mocked_request(method, path)))
+        assert answer.status == 404 and "Allow" not in answer.headers

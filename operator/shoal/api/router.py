@@ -328,9 +328,9 @@ class RouterSettings(ApiModel):
         default=4096,
         ge=1,
         le=1_000_000,
-        description="Open client connections one router pod holds; a connection beyond it "
-        "is answered 503 with Retry-After and closed, so stalled clients cannot use up the "
-        "pod's file descriptors.",
+        description="Open client connections one router pod holds on each of its ports (the "
+        "API's and the internal one); a connection beyond it is answered 503 with Retry-After "
+        "and closed, so stalled clients cannot use up the pod's file descriptors.",
     )
     replica_header: bool = Field(
         default=False,

@@ -22,7 +22,7 @@ from shoal.router.connections import (
 )
 from shoal.router.discovery import PodWatcher, static_endpoints
 from shoal.router.dispatch import Dispatch, Proxied
-from shoal.router.errors import error_response, guarded
+from shoal.router.errors import Handler, error_response, guarded
 from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.heap import settle
 from shoal.router.hot import HotPrefixes
@@ -120,6 +120,13 @@ class Router:
                 "/ready": guarded(self.ready),
                 "/metrics": guarded(self.metrics_endpoint),
             }
+        )
+        self.internal_dispatch = Dispatch(
+            own={
+                "/hot-prefixes": guarded(self.hot_prefixes),
+                PLACEMENTS_PATH: guarded(self.placements_endpoint),
+            },
+            table=(),
         )
 
     # ---- fleet changes
@@ -276,18 +283,27 @@ class Router:
 
     async def answer(self, request: web.BaseRequest) -> web.StreamResponse:
         """The client port's one handler."""
-        target = self.dispatch.resolve(request.method, request.rel_url.path_safe)
+        return await self._answer(self.dispatch, request)
+
+    async def answer_internal(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The internal port's (placements for peers, hot prefixes for warm-up)."""
+        return await self._answer(self.internal_dispatch, request)
+
+    async def _answer(self, dispatch: Dispatch, request: web.BaseRequest) -> web.StreamResponse:
+        target = dispatch.resolve(request.method, request.rel_url.path_safe)
         if isinstance(target, Proxied):
             return await self.proxy.handle(request, target)
         return await target(request)
 
-    def server(self) -> GuardedServer:
-        """The client port's HTTP server (in a running loop)."""
+    def server(self, handler: Handler | None = None) -> GuardedServer:
+        """An HTTP server (in a running loop) answering with `handler`, the
+        client port's by default: both ports have the same deadlines and
+        bounds."""
         # handler_cancellation: a client that disconnects cancels its handler,
         # which closes the upstream connection, so the engine aborts the
         # request too.
         return GuardedServer(
-            self.answer,
+            handler or self.answer,
             header_seconds=self.config.timeouts.client_header_seconds,
             max_connections=self.config.max_client_connections,
             client_max_size=self.config.max_body_bytes,
@@ -323,22 +339,16 @@ class Router:
     def serves_internal(self) -> bool:
         return self.hot is not None or self.placements is not None
 
-    def internal_app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/hot-prefixes", guarded(self.hot_prefixes))
-        app.router.add_get(PLACEMENTS_PATH, guarded(self.placements_endpoint))
-        return app
-
 
 async def serve(router: Router, *, host: str, port: int) -> None:
     """Run until SIGTERM or SIGINT, then drain and stop."""
     await router.start()
-    runner: web.BaseRunner = web.ServerRunner(router.server())
+    runner = web.ServerRunner(router.server())
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     runners = [runner]
     if router.serves_internal:
-        internal = web.AppRunner(router.internal_app(), access_log=None)
+        internal = web.ServerRunner(router.server(router.answer_internal))
         await internal.setup()
         await web.TCPSite(internal, host, router.config.internal_port).start()
         runners.append(internal)

@@ -20,7 +20,7 @@ aiohttp did for these routes, which tests/unit/test_router_dispatch.py pins:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -78,12 +78,12 @@ async def not_found(_: web.BaseRequest) -> web.Response:
 class Dispatch:
     """Method and path (`path_safe`) to what answers them."""
 
-    def __init__(self, own: Mapping[str, Handler]) -> None:
+    def __init__(self, own: Mapping[str, Handler], *, table: Sequence[Route] = ROUTES) -> None:
         """`own`: the router's own GET routes (HEAD too), by path; the
         table's PREFIX, STORED and ANY routes go to the proxy, its REFUSED
-        ones get a 404 saying why."""
+        ones get a 404 saying why (the internal port has no table)."""
         by_path: dict[str, dict[str, Target]] = {}
-        for route in ROUTES:
+        for route in table:
             if route.routing is Routing.OWN:
                 continue
             targets = by_path.setdefault(route.path, {})
