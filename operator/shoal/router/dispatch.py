@@ -5,7 +5,8 @@ The router serves a fixed table (router/routes.py) and a few routes of its
 own, so aiohttp's application layer (a resolver walking resources, a
 `web.Request` with match info, the response-prepare signal) was a cost per
 request with nothing to choose: on aiohttp's low-level server the same
-answer costs 6-12 us less (docs/benchmarks.md, session 26). It resolves as
+answer costs 6-12 us less, the router 9-14 us less at 4 connections
+(docs/benchmarks.md, sessions 26 and 27). It resolves as
 aiohttp did for these routes, which tests/unit/test_router_dispatch.py pins:
 
 - paths are matched exactly as sent, percent-decoded except `%2F` and `%25`
