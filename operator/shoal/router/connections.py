@@ -25,7 +25,6 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_request import BaseRequest
 
 from shoal.router.errors import Handler, error_body, error_response
 
@@ -50,7 +49,7 @@ def canned(status: int, reason: str, message: str, *, extra: bytes = b"") -> byt
     )
 
 
-class RouterRequest(BaseRequest):
+class RouterRequest(web.BaseRequest):
     """A request whose answer names no server software: aiohttp adds
     `Server: Python/... aiohttp/...` while preparing any answer, after the
     headers set before, then calls this hook."""
@@ -195,7 +194,7 @@ class ClientConnection(RequestHandler):
 
     def handle_error(
         self,
-        request: BaseRequest,
+        request: web.BaseRequest,
         status: int = 500,
         exc: BaseException | None = None,
         message: str | None = None,
