@@ -12,7 +12,13 @@ from aiohttp.test_utils import RawTestServer, TestClient, TestServer
 
 from shoal.bench.instant_upstream import build_app
 from shoal.bench.router_http import _cpu_per_request, workload_request
-from shoal.bench.server_floor import ANSWER, Answering, answer, answering_app
+from shoal.bench.server_floor import (
+    ANSWER,
+    Answering,
+    AnsweringTasked,
+    answer,
+    answering_app,
+)
 from shoal.bench.workloads import GENERATORS
 from shoal.engine.endpoints import CHAT_COMPLETIONS
 
@@ -86,6 +92,7 @@ def test_the_floor_servers_answer_each_request_of_a_kept_alive_connection() -> N
     async def run() -> list[bytes]:
         loop = asyncio.get_running_loop()
         bare = await loop.create_server(Answering, "127.0.0.1", 0)
+        tasked = await loop.create_server(AnsweringTasked, "127.0.0.1", 0)
         async with (
             TestServer(answering_app()) as served,
             RawTestServer(answer) as low,
@@ -95,8 +102,10 @@ def test_the_floor_servers_answer_each_request_of_a_kept_alive_connection() -> N
                 await exchange(served.port),
                 await exchange(low.port),
                 await exchange(bare.sockets[0].getsockname()[1]),
+                await exchange(tasked.sockets[0].getsockname()[1]),
             ]
         bare.close()
+        tasked.close()
         return answered
 
     for answers in asyncio.run(run()):

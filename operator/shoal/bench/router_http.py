@@ -35,11 +35,12 @@ same whether it calls the upstream directly or through the router.
   the router's core like shoal's, in the same wrk rounds (cache_aware, their
   default policy), at `--connections` and at `--low-connections` (4), where
   p50 / p99 latency rather than throughput is compared.
-- Optionally (`--server-floors`), in the same wrk rounds, two HTTP servers
+- Optionally (`--server-floors`), in the same wrk rounds, HTTP servers
   alone on the router's core that answer without an upstream
-  (bench/server_floor.py): aiohttp's, as the router sets it up, and a bare
-  httptools protocol. Their CPU per request is how much of the router's
-  is its server's, and how much a leaner server could take out.
+  (bench/server_floor.py): aiohttp's, with and without an Application (the
+  router's is without), and a bare httptools protocol, answering in its
+  callback or from a task per request. Their CPU per request is how much of
+  the router's is its server's, and how much a leaner server could take out.
 
 CPU seconds of the router, the upstream and this process are reported per
 phase, with the load average before and after: a router phase whose router CPU

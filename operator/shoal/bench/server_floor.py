@@ -12,6 +12,10 @@ what answering one small request costs a server alone on the router's core.
   protocol on httptools (llhttp) that decodes the body and writes the same
   answer. Not a server to deploy (no limits, no timeouts, no streaming): a
   floor, to tell how much of the router's cost per request is its server's.
+- `protocol-tasked`: the same protocol, answering from a task per request, as
+  a server must whose handler awaits (the router's awaits its engine): what a
+  hand-written server for the router could cost, on Python 3.11 (no eager
+  tasks), before any of its limits and timeouts.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class FloorServer(enum.StrEnum):
     AIOHTTP = "aiohttp-server"
     AIOHTTP_LOWLEVEL = "aiohttp-lowlevel"
     PROTOCOL = "protocol-server"
+    PROTOCOL_TASKED = "protocol-tasked"
 
 
 async def answer(request: web.BaseRequest) -> web.Response:
@@ -92,10 +97,37 @@ class Answering(asyncio.Protocol):
         self.transport.write(_HEAD % len(ANSWER) + ANSWER)
 
 
+async def _answer_later(body: bytes, transport: asyncio.Transport) -> None:
+    if body:
+        orjson.loads(body)
+    transport.write(_HEAD % len(ANSWER) + ANSWER)
+
+
+class AnsweringTasked(Answering):
+    """`Answering`, with each answer written by a task of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.get_running_loop()
+
+    def on_message_complete(self) -> None:
+        body = b"".join(self.body)
+        self.body.clear()
+        assert self.transport is not None
+        self.loop.create_task(_answer_later(body, self.transport))
+
+
+_PROTOCOLS: dict[FloorServer, type[Answering]] = {
+    FloorServer.PROTOCOL: Answering,
+    FloorServer.PROTOCOL_TASKED: AnsweringTasked,
+}
+
+
 async def _serve(kind: FloorServer, port: int) -> None:
-    if kind is FloorServer.PROTOCOL:
+    protocol = _PROTOCOLS.get(kind)
+    if protocol is not None:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(Answering, HOST, port, backlog=1024)
+        server = await loop.create_server(protocol, HOST, port, backlog=1024)
         await server.serve_forever()
         return
     runner: web.BaseRunner = (
