@@ -15,12 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
-from aiohttp import web
 
 from shoal.router.app import Discovery, Router
 from shoal.router.config import RouterConfig
 from tests.integration.fake_apiserver import fake_apiserver
 from tests.integration.procs import MODEL, sims
+from tests.router_served import RouterTestServer
 
 PODS = "/api/v1/namespaces/team/pods"
 BODY = {"model": MODEL, "prompt": "hello there", "max_tokens": 2}
@@ -59,16 +59,12 @@ async def router_at_zero(
             Discovery(namespace="team", selector="app=eng", engine_port=engine_port),
         )
         await router.start()
-        runner = web.ServerRunner(router.server())
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        try:
-            yield f"http://127.0.0.1:{runner.addresses[0][1]}", watch
-        finally:
-            watch.put_nowait(None)
-            await router.stop()
-            await runner.cleanup()
+        async with RouterTestServer(router) as served:
+            try:
+                yield f"http://127.0.0.1:{served.port}", watch
+            finally:
+                watch.put_nowait(None)
+                await router.stop()
 
 
 def queue_depth(metrics: str) -> float:

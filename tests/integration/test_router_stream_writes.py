@@ -11,10 +11,9 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from aiohttp import web
-
 from shoal.router.app import Discovery, Router
 from shoal.router.config import RouterConfig
+from shoal.router.incoming import Answer, Incoming
 from tests.integration.procs import MODEL
 from tests.integration.test_router_observed import wait_for_scrape
 from tests.router_served import router_client
@@ -66,7 +65,7 @@ async def _stream_and_watch(url: str) -> tuple[bytes, list[bytes]]:
     """The client's stream, and the router's writes to the client's connection."""
     writes: list[bytes] = []
 
-    def watch(request: web.BaseRequest) -> None:
+    def watch(request: Incoming) -> None:
         # Every write to this connection from here on, as the kernel is asked.
         transport = request.transport
         assert transport is not None
@@ -85,7 +84,7 @@ async def _stream_and_watch(url: str) -> tuple[bytes, list[bytes]]:
     router_ = Router(RouterConfig.model_validate({}), Discovery(endpoints=[url]))
     handle = router_.answer
 
-    async def watched(request: web.BaseRequest) -> web.StreamResponse:
+    async def watched(request: Incoming) -> Answer:
         watch(request)  # before anything is written for this request
         return await handle(request)
 

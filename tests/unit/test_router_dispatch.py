@@ -19,9 +19,10 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from shoal.router.dispatch import Dispatch, Proxied
+from shoal.router.incoming import Incoming
 
 
-async def _own(_: web.BaseRequest) -> web.Response:
+async def _own(_: Incoming) -> web.Response:
     return web.Response(text="own")
 
 

@@ -14,18 +14,14 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from shoal.router.config import RouterConfig
-from shoal.router.connections import (
-    KEEPALIVE_SECONDS,
-    MAX_HEADERS,
-    MAX_LINE_BYTES,
-    GuardedServer,
-)
+from shoal.router.connections import HttpServer
 from shoal.router.discovery import PodWatcher, static_endpoints
 from shoal.router.dispatch import Dispatch, Proxied
-from shoal.router.errors import Handler, error_response, guarded
+from shoal.router.errors import error_response, guarded
 from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.heap import settle
 from shoal.router.hot import HotPrefixes
+from shoal.router.incoming import Answer, Handler, Incoming
 from shoal.router.keys import KeyFile
 from shoal.router.metrics import RouterMetrics
 from shoal.router.placements import PLACEMENTS_PATH, WAIT_SECONDS, PeerSync, PlacementLog, encode
@@ -35,6 +31,11 @@ from shoal.router.scrape import Scraper
 from shoal.router.tracing import Tracing
 
 log = logging.getLogger("shoal.router")
+
+# As aiohttp's sites had them: the listen backlog, and how long answers still
+# under way after the drain may take before their connections are cut.
+BACKLOG = 128
+SHUTDOWN_SECONDS = 60.0
 
 
 @dataclass
@@ -221,10 +222,10 @@ class Router:
             await asyncio.sleep(0.1)
 
     # ---- handlers
-    async def health(self, _: web.BaseRequest) -> web.Response:
+    async def health(self, _: Incoming) -> web.Response:
         return web.Response(text="ok")
 
-    async def ready(self, _: web.BaseRequest) -> web.Response:
+    async def ready(self, _: Incoming) -> web.Response:
         if self.draining:
             return error_response(503, "Router is draining.")
         routable = len(self.fleet.routable())
@@ -241,13 +242,13 @@ class Router:
             return error_response(503, "Waiting for the first scrape of the replicas' metrics.")
         return web.json_response({"status": "ready", "routable": routable})
 
-    async def metrics_endpoint(self, _: web.BaseRequest) -> web.Response:
+    async def metrics_endpoint(self, _: Incoming) -> web.Response:
         return web.Response(
             body=generate_latest(self.metrics.registry),
             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
         )
 
-    async def models(self, request: web.BaseRequest) -> web.Response:
+    async def models(self, request: Incoming) -> web.Response:
         """Models served by any routable replica, merged by id."""
         if not self.proxy.authorized(request):
             self.metrics.rejected.labels("unauthorized").inc()
@@ -276,46 +277,38 @@ class Router:
                 merged.setdefault(str(model.get("id")), model)
         return web.json_response({"object": "list", "data": list(merged.values())})
 
-    async def hot_prefixes(self, _: web.BaseRequest) -> web.Response:
+    async def hot_prefixes(self, _: Incoming) -> web.Response:
         if self.hot is None:
             return error_response(404, "Hot prefixes are disabled.")
         return web.json_response({"prefixes": self.hot.top()})
 
-    async def answer(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def answer(self, request: Incoming) -> Answer:
         """The client port's one handler."""
         return await self._answer(self.dispatch, request)
 
-    async def answer_internal(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def answer_internal(self, request: Incoming) -> Answer:
         """The internal port's (placements for peers, hot prefixes for warm-up)."""
         return await self._answer(self.internal_dispatch, request)
 
-    async def _answer(self, dispatch: Dispatch, request: web.BaseRequest) -> web.StreamResponse:
-        target = dispatch.resolve(request.method, request.rel_url.path_safe)
+    async def _answer(self, dispatch: Dispatch, request: Incoming) -> Answer:
+        target = dispatch.resolve(request.method, request.path_safe)
         if isinstance(target, Proxied):
             return await self.proxy.handle(request, target)
         return await target(request)
 
-    def server(self, handler: Handler | None = None) -> GuardedServer:
+    def server(self, handler: Handler | None = None) -> HttpServer:
         """An HTTP server (in a running loop) answering with `handler`, the
         client port's by default: both ports have the same deadlines and
-        bounds."""
-        # handler_cancellation: a client that disconnects cancels its handler,
-        # which closes the upstream connection, so the engine aborts the
-        # request too.
-        return GuardedServer(
+        bounds. A client that disconnects cancels its handler, which closes
+        the upstream connection, so the engine aborts the request too."""
+        return HttpServer(
             handler or self.answer,
             header_seconds=self.config.timeouts.client_header_seconds,
             max_connections=self.config.max_client_connections,
             client_max_size=self.config.max_body_bytes,
-            handler_cancellation=True,
-            access_log=None,
-            keepalive_timeout=KEEPALIVE_SECONDS,
-            max_line_size=MAX_LINE_BYTES,
-            max_field_size=MAX_LINE_BYTES,
-            max_headers=MAX_HEADERS,
         )
 
-    async def placements_endpoint(self, request: web.BaseRequest) -> web.Response:
+    async def placements_endpoint(self, request: Incoming) -> web.Response:
         """This router's placements after a cursor, for its peers: waits up to
         `wait` seconds (at most WAIT_SECONDS) for one when none is new."""
         if self.placements is None:
@@ -343,24 +336,25 @@ class Router:
 async def serve(router: Router, *, host: str, port: int) -> None:
     """Run until SIGTERM or SIGINT, then drain and stop."""
     await router.start()
-    runner = web.ServerRunner(router.server())
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    runners = [runner]
+    loop = asyncio.get_running_loop()
+    servers = [router.server()]
     if router.serves_internal:
-        internal = web.ServerRunner(router.server(router.answer_internal))
-        await internal.setup()
-        await web.TCPSite(internal, host, router.config.internal_port).start()
-        runners.append(internal)
+        servers.append(router.server(router.answer_internal))
+    ports = [port, router.config.internal_port]
+    listening = [
+        await loop.create_server(served, host, at, backlog=BACKLOG)
+        for served, at in zip(servers, ports, strict=False)
+    ]
     settle()  # everything built so far lives as long as the process
     log.info("router listening on %s:%d (policy %s)", host, port, router.config.policy)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("draining")
     await router.drain()
-    for r in runners:
-        await r.cleanup()
+    for listener in listening:
+        listener.close()
+    for served in servers:
+        await served.shutdown(SHUTDOWN_SECONDS)
     await router.stop()

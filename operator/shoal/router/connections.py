@@ -1,47 +1,53 @@
-"""Client connections, below the routes: a deadline for a request's headers,
-a bound on open connections, `Expect: 100-continue`, answers that name no
-server software, and the HTTP layer's own errors (aiohttp's parser refusing
-a request) as OpenAI-shaped JSON that echoes nothing.
+"""The router's HTTP/1.1 server: an asyncio protocol on httptools (llhttp),
+with what a server facing any client needs: a deadline for a request's
+headers, a bound on open connections and on the head's size, a body bound,
+`Expect: 100-continue`, keep-alive with an idle timeout, pipelined requests
+answered in order, and the HTTP layer's own refusals as OpenAI-shaped JSON
+that echoes nothing. Answers name no server software.
 
-aiohttp (3.14) has neither a header deadline nor a connection bound, and
-answers parser errors in plain text quoting the bytes it refused, with a
-logged traceback. Its RequestHandler is the one place that sees a connection
-before any request exists, so it is subclassed here, with `handle_error`
-(the documented hook of its error answers) overridden; `GuardedServer`, on
-aiohttp's low-level Server, makes our handler class and our requests.
-Without an aiohttp Application (router/dispatch.py says why), what it did
-for every request is done here: the body's size bound, the answer to
-`Expect`. tests/integration/test_router_connections.py pins that contract."""
+Why not aiohttp's server (the router's until session 28): answering a small
+request cost it 26-30 us of CPU where this protocol, with a task per request,
+costs 9-10 us (`router_http --server-floors`), a fifth of the router's cost
+per request; and the router's routes are a fixed table (router/dispatch.py),
+so its request and response objects chose nothing. The upstream side is
+hand-written on httptools for the same reason (router/upstream.py).
+tests/integration/test_router_connections.py and test_router_hostile.py pin
+the contract."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from typing import Any, cast
+from collections import deque
+from typing import cast
 
-from aiohttp import hdrs, web
-from aiohttp.abc import AbstractStreamWriter
-from aiohttp.http import HttpVersion11, RawRequestMessage
-from aiohttp.streams import StreamReader
-from aiohttp.web_protocol import RequestHandler
+import httptools
+from aiohttp import web
+from multidict import CIMultiDict
 
-from shoal.router.errors import Handler, error_body, error_response
+from shoal.router.errors import error_body, error_response, internal_error
+from shoal.router.incoming import Answer, Handler, Incoming, Streamed
+from shoal.router.wire import answer_head
 
 log = logging.getLogger("shoal.router")
 
-# Headers as aiohttp's parser bounds them, said here so the cost of a
-# hostile header section is plain: at most 128 fields of 8 KiB each.
+# A request's target and each header field are bounded, as aiohttp bounded
+# them, so the cost of a hostile head is plain: at most 128 fields of 8 KiB.
 MAX_LINE_BYTES = 8190
 MAX_HEADERS = 128
+_MAX_HEAD_BYTES = MAX_LINE_BYTES * (MAX_HEADERS + 1)
 # An idle kept-alive client connection is closed after this (nginx's
-# keepalive_timeout); aiohttp's own default is an hour.
+# keepalive_timeout).
 KEEPALIVE_SECONDS = 75.0
+# Pipelined requests parsed ahead of the one being answered, before the
+# connection stops reading.
+_AHEAD = 4
 
 
 def canned(status: int, reason: str, message: str, *, extra: bytes = b"") -> bytes:
     """A whole HTTP/1.1 answer that closes the connection, written where no
-    request (and so no aiohttp response) exists."""
+    handler answers."""
     body = json.dumps(error_body(status, message)).encode()
     return (
         b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
@@ -49,34 +55,12 @@ def canned(status: int, reason: str, message: str, *, extra: bytes = b"") -> byt
     )
 
 
-class RouterRequest(web.BaseRequest):
-    """A request whose answer names no server software: aiohttp adds
-    `Server: Python/... aiohttp/...` while preparing any answer, after the
-    headers set before, then calls this hook."""
-
-    __slots__ = ()
-
-    async def _prepare_hook(self, response: web.StreamResponse) -> None:
-        response.headers.popall(hdrs.SERVER, None)
+class _Refused(Exception):
+    """Raised in a parser callback: the head is beyond the bounds."""
 
 
-async def _expected(request: web.BaseRequest) -> web.StreamResponse | None:
-    """What aiohttp's Application answered to `Expect` (RFC 9110 10.1.1):
-    100 Continue, so a client that waits for it (curl, for a body over 1 KiB)
-    sends the body at once, or 417 for an expectation it cannot meet."""
-    if request.version != HttpVersion11:
-        return None
-    if request.headers[hdrs.EXPECT].lower() != "100-continue":
-        return error_response(417, "Only 'Expect: 100-continue' is supported.", param="Expect")
-    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    request.writer.output_size = 0  # the answer proper is still to start
-    await request.writer.drain()
-    return None
-
-
-class GuardedServer(web.Server):
-    """aiohttp's low-level Server, making `ClientConnection`s and
-    `RouterRequest`s bounded to `client_max_size` bytes of body."""
+class HttpServer:
+    """A protocol factory for `loop.create_server`, answering with `handler`."""
 
     def __init__(
         self,
@@ -85,13 +69,13 @@ class GuardedServer(web.Server):
         header_seconds: float,
         max_connections: int,
         client_max_size: int,
-        **kwargs: Any,
     ) -> None:
-        super().__init__(self._answer, request_factory=self._request, **kwargs)
-        self._handler = handler
-        self._client_max_size = client_max_size
+        self.handler = handler
+        self.loop = asyncio.get_running_loop()
         self.header_seconds = header_seconds
         self.max_connections = max_connections
+        self.client_max_size = client_max_size
+        self.connections: set[ClientConnection] = set()
         self.too_slow = canned(
             408,
             "Request Timeout",
@@ -105,117 +89,338 @@ class GuardedServer(web.Server):
         )
         self.refused = 0  # connections refused for the bound, for tests and metrics
 
-    def _request(
-        self,
-        message: RawRequestMessage,
-        payload: StreamReader,
-        protocol: RequestHandler,
-        writer: AbstractStreamWriter,
-        task: asyncio.Task[None],
-    ) -> RouterRequest:
-        return RouterRequest(
-            message,
-            payload,
-            protocol,
-            writer,
-            task,
-            self._loop,
-            client_max_size=self._client_max_size,
-        )
+    def __call__(self) -> ClientConnection:
+        return ClientConnection(self)
 
-    async def _answer(self, request: web.BaseRequest) -> web.StreamResponse:
-        if hdrs.EXPECT in request.headers:
-            refused = await _expected(request)
-            if refused is not None:
-                return refused
-        return await self._handler(request)
-
-    def full(self) -> bool:
-        return len(self._connections) >= self.max_connections
-
-    def __call__(self) -> RequestHandler:
-        return ClientConnection(self, loop=self._loop, **self._kwargs)
+    async def shutdown(self, seconds: float) -> None:
+        """Close idle connections now, the others once their answers are out
+        (waiting at most `seconds`); call after the listener closed."""
+        for connection in list(self.connections):
+            connection.close_when_idle()
+        deadline = self.loop.time() + seconds
+        while self.connections and self.loop.time() < deadline:  # noqa: ASYNC110 - bounded
+            await asyncio.sleep(0.05)
+        for connection in list(self.connections):
+            connection.abort()
 
 
-class ClientConnection(RequestHandler):
+class ClientConnection(asyncio.Protocol):
     """One client connection. Its header deadline runs from the connection's
-    start, and again from the first byte after each request: a request whose
+    start, and from the first byte of each next request: a request whose
     headers are not all parsed by then is answered 408 and the connection
-    closed. (A deadline armed for one request that fires after the next one
-    began is re-armed by that one's next bytes: at most twice the deadline.)"""
+    closed. Requests are answered one at a time, in order, each by a task of
+    its own, which a client that disconnects cancels (so the engine's
+    connection is dropped and the engine stops)."""
 
-    __slots__ = ("_armed_at_count", "_header_timer", "_server")
-
-    def __init__(self, manager: GuardedServer, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self._server = manager
+    def __init__(self, server: HttpServer) -> None:
+        self._server = server
+        self._loop = server.loop
+        self._parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self._remote: str | None = None
         self._header_timer: asyncio.TimerHandle | None = None
-        self._armed_at_count = 0
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle_since = 0.0
+        self._in_head = False
+        self._head_bytes = 0
+        self._url = b""
+        self._fields: list[tuple[bytes, bytes]] = []
+        self._parsing: Incoming | None = None  # whose body the parser is reading
+        self._queued: deque[Incoming] = deque()  # parsed, waiting for `_active`
+        self._active: Incoming | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._last_words: bytes | None = None  # a refusal, once the answers before it are out
+        self._closing = False  # no request after the ones parsed
+        self._write_paused = False
+        self._drained: asyncio.Future[None] | None = None
+        self._reading_paused = False
 
+    # ---- the connection
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport, but are one.
+        self.transport = writable = cast(asyncio.Transport, transport)
         server = self._server
-        if server.full():
-            # Refused before aiohttp sees it: no task, no parser work.
-            self._force_close = True
+        if len(server.connections) >= server.max_connections:
+            # Refused before anything is parsed: no task, no parser work.
+            self._closing = True
             server.refused += 1
-            # uvloop's transports do not subclass asyncio's, but are one.
-            writable = cast(asyncio.Transport, transport)
             writable.write(server.too_many)
             writable.close()
             return
-        super().connection_made(transport)
-        self._arm()
-
-    def data_received(self, data: bytes) -> None:
-        if self._header_timer is None and not self._request_in_progress:
-            self._arm()
-        super().data_received(data)
+        server.connections.add(self)
+        peer = writable.get_extra_info("peername")
+        self._remote = peer[0] if isinstance(peer, tuple) and peer else None
+        self._header_timer = self._loop.call_later(server.header_seconds, self._late)
+        self._idle_since = self._loop.time()
+        self._idle_timer = self._loop.call_later(KEEPALIVE_SECONDS, self._check_idle)
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        self._server.connections.discard(self)
+        for timer in (self._header_timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
+        self._header_timer = self._idle_timer = None
+        if self._task is not None:
+            # The client is gone: so is its request (a read of its body too).
+            self._task.cancel()
+        self._queued.clear()
+        drained = self._drained
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        try:
+            if self._in_head:
+                self._head_bytes += len(data)
+                if self._head_bytes > _MAX_HEAD_BYTES:
+                    raise _Refused("headers too large")
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # An upgrade (h2c, websocket) is not offered: what was parsed is
+            # answered as HTTP/1.1, and then the connection closes.
+            self._closing = True
+            self._refuse_after(None)
+            return
+        except (httptools.HttpParserError, _Refused) as error:
+            # A callback's own refusal comes wrapped in HttpParserCallbackError.
+            cause = error.__context__ if isinstance(error.__context__, _Refused) else error
+            self._closing = True
+            broken = self._parsing
+            if broken is not None:
+                # Its body is broken: so is the request, answered instead
+                # (the requests before it are answered first).
+                self._parsing = None
+                if self._queued and self._queued[-1] is broken:
+                    self._queued.pop()
+                elif broken is self._active and not broken.streamed:
+                    assert self._task is not None
+                    self._task.cancel()
+                    self._task = self._active = None
+            self._refuse_after(self._malformed(cause))
+            return
+        if self._in_head and self._header_timer is None:
+            # A head split across reads: its deadline runs from this read.
+            self._header_timer = self._loop.call_later(self._server.header_seconds, self._late)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        drained = self._drained
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    async def drain(self) -> None:
+        """Wait until the client has taken what was written (below the
+        transport's high-water mark); ConnectionResetError if it left."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client closed its connection")
+        if not self._write_paused:
+            return
+        drained = self._drained
+        if drained is None or drained.done():
+            drained = self._drained = self._loop.create_future()
+        await drained
+        if transport.is_closing():
+            raise ConnectionResetError("the client closed its connection")
+
+    def close_when_idle(self) -> None:
+        self._closing = True
+        if self._task is None and self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    # ---- parser callbacks (httptools)
+    def on_message_begin(self) -> None:
+        self._in_head = True
+        self._head_bytes = 0
+        self._url = b""
+        self._fields = []
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        if len(self._url) > MAX_LINE_BYTES:
+            raise _Refused("target too long")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) + len(value) > MAX_LINE_BYTES:
+            raise _Refused("header field too long")
+        fields = self._fields
+        if len(fields) >= MAX_HEADERS:
+            raise _Refused("too many header fields")
+        fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
-        super().connection_lost(exc)
+        parser = self._parser
+        url = self._url
+        if url[:1] != b"/":
+            if url == b"*" or not url.startswith((b"http://", b"https://")):
+                raise _Refused("target not in origin or absolute form")
+            parsed = httptools.parse_url(url)
+            url = (parsed.path or b"/") + (b"?" + parsed.query if parsed.query else b"")
+        path, _, query = url.partition(b"?")
+        path, _, _ = path.partition(b"#")
+        headers: CIMultiDict[str] = CIMultiDict()
+        for name, value in self._fields:
+            headers.add(
+                name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")
+            )
+        assert self.transport is not None
+        request = Incoming(
+            method=parser.get_method().decode("ascii"),
+            path=path.decode("utf-8", "surrogateescape"),
+            query_string=query.decode("utf-8", "surrogateescape"),
+            version=parser.get_http_version(),
+            headers=headers,
+            remote=self._remote,
+            keep_alive=parser.should_keep_alive(),
+            max_body=self._server.client_max_size,
+            transport=self.transport,
+            drain=self.drain,
+        )
+        self._parsing = request
+        if self._active is None:
+            self._start(request)
+        else:
+            self._queued.append(request)
+            if len(self._queued) >= _AHEAD and not self._reading_paused:
+                self._reading_paused = True
+                self.transport.pause_reading()
 
-    def _arm(self) -> None:
-        self._armed_at_count = self._request_count
-        self._header_timer = self._loop.call_later(self._server.header_seconds, self._late)
+    def on_body(self, body: bytes) -> None:
+        if self._parsing is not None:
+            self._parsing.feed(body)
 
+    def on_message_complete(self) -> None:
+        if self._parsing is not None:
+            self._parsing.finish()
+            self._parsing = None
+
+    # ---- answering
+    def _start(self, request: Incoming) -> None:
+        self._active = request
+        self._task = self._loop.create_task(self._answer(request))
+
+    async def _answer(self, request: Incoming) -> None:
+        try:
+            answer = await self._respond(request)
+        except Exception as error:  # a handler's bug, past its own guard
+            answer = internal_error(request, error)
+        self._task = None
+        self._finish(request, answer)
+
+    async def _respond(self, request: Incoming) -> Answer:
+        expect = request.headers.get("Expect")
+        if expect is not None and request.version == "1.1":
+            # RFC 9110 10.1.1: a client that waits (curl, for a body over
+            # 1 KiB) is told to send its body at once.
+            if expect.lower() != "100-continue":
+                refused = error_response(
+                    417, "Only 'Expect: 100-continue' is supported.", param="Expect"
+                )
+                refused.force_close()
+                return refused
+            if not request.body_complete() and not request.transport.is_closing():
+                request.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return await self._server.handler(request)
+
+    def _finish(self, request: Incoming, answer: Answer) -> None:
+        transport = self.transport
+        assert transport is not None
+        self._active = None
+        # A body not yet read whole would be read for nobody: the connection
+        # is kept only if the parser is past it.
+        keep = (
+            request.keep_alive
+            and request.body_complete()
+            and not (isinstance(answer, web.Response) and answer.keep_alive is False)
+        )
+        more = keep and bool(self._queued)
+        last = not keep or (self._closing and not more)
+        if isinstance(answer, Streamed) or request.streamed:
+            request.stream_end()
+        elif not transport.is_closing():
+            body = answer.body
+            data = body if isinstance(body, bytes) else b""
+            headers = answer.headers
+            if data and "Content-Type" not in headers:
+                headers["Content-Type"] = "application/octet-stream"
+            head = answer_head(
+                answer.status,
+                headers,
+                length=len(data),
+                keep_alive=not last,
+                version=request.version,
+                reason=answer.reason,
+            )
+            transport.write(head if request.head_only or not data else head + data)
+        if more:
+            if self._reading_paused:
+                self._reading_paused = False
+                transport.resume_reading()
+            self._start(self._queued.popleft())
+        elif last:
+            self._closing = True
+            self._queued.clear()
+            self._refuse_after(self._last_words)
+        else:
+            self._idle_since = self._loop.time()
+
+    def _refuse_after(self, words: bytes | None) -> None:
+        """Say `words` (if any) and close, once the answers before are out."""
+        transport = self.transport
+        if transport is None:
+            return
+        if self._active is not None or self._queued:
+            self._last_words = words
+            return
+        if words is not None and not transport.is_closing():
+            transport.write(words)
+        transport.close()
+
+    def _malformed(self, error: BaseException) -> bytes:
+        """aiohttp answered its parser's refusals 400 in plain text quoting
+        the bytes it refused; here: OpenAI-shaped, naming what is wrong in
+        general terms, logged at DEBUG only (it is the client's mistake)."""
+        kind = str(error) if isinstance(error, _Refused) else type(error).__name__
+        log.debug("refused a malformed request from %s: %s", self._remote, kind)
+        return canned(400, "Bad Request", f"The request is not valid HTTP/1.1 ({kind}).")
+
+    # ---- deadlines
     def _late(self) -> None:
+        """Armed at the connection's start and by a read that leaves a head
+        unfinished; cancelled when a head is whole."""
         self._header_timer = None
-        if self._request_count != self._armed_at_count or self._request_in_progress:
-            return  # the headers came
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        self._force_close = True
-        transport.write(self._server.too_slow)
-        transport.close()
+        self._closing = True
+        self._refuse_after(self._server.too_slow)
 
-    def handle_error(
-        self,
-        request: web.BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        """aiohttp's own error answers (a request its parser refused, a
-        handler's exception): OpenAI-shaped, naming the error's class, never
-        the bytes; a client's mistake is logged at DEBUG only."""
-        if request.writer.output_size > 0:
-            # As aiohttp: bytes of an answer went out, no other can follow.
-            raise ConnectionError("Response is sent already")
-        kind = type(exc).__name__ if exc is not None else "error"
-        if status >= 500:
-            log.error("request from %s failed in the HTTP layer: %s", request.remote, kind)
-            text = "The router failed on this request."
-        else:
-            log.debug("refused a malformed request from %s: %s", request.remote, kind)
-            text = f"The request is not valid HTTP/1.1 ({kind})."
-        response = web.Response(
-            status=status,
-            text=json.dumps(error_body(status, text)),
-            content_type="application/json",
+    def _check_idle(self) -> None:
+        """One timer per connection, re-armed when it fires: a request costs
+        a clock read, not a timer."""
+        self._idle_timer = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        now = self._loop.time()
+        busy = self._active is not None or self._in_head or self._parsing is not None
+        due = self._idle_since + KEEPALIVE_SECONDS
+        if not busy and now >= due:
+            transport.close()
+            return
+        self._idle_timer = self._loop.call_at(
+            now + KEEPALIVE_SECONDS if busy else due, self._check_idle
         )
-        response.force_close()
-        return response

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from shoal.router.errors import Handler, error_response
+from shoal.router.errors import error_response
+from shoal.router.incoming import Handler, Incoming
 from shoal.router.routes import ROUTES, Route, Routing
 
 _SEGMENT = re.compile(r"\{([_a-zA-Z][_a-zA-Z0-9]*)\}")
@@ -57,7 +58,7 @@ def _value(segment: str) -> str:
 
 
 def _refuser(route: Route) -> Handler:
-    async def refused(request: web.BaseRequest) -> web.Response:
+    async def refused(request: Incoming) -> web.Response:
         return error_response(404, f"{request.path} is not served by shoal's router: {route.note}.")
 
     return refused
@@ -66,13 +67,13 @@ def _refuser(route: Route) -> Handler:
 def _not_allowed(methods: list[str]) -> Handler:
     allow = ", ".join(methods)
 
-    async def not_allowed(_: web.BaseRequest) -> web.Response:
+    async def not_allowed(_: Incoming) -> web.Response:
         return error_response(405, "Method not allowed.", headers={"Allow": allow})
 
     return not_allowed
 
 
-async def not_found(_: web.BaseRequest) -> web.Response:
+async def not_found(_: Incoming) -> web.Response:
     return error_response(404, "Not found.")
 
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
 
-log = logging.getLogger("shoal.router")
+from shoal.router.incoming import Answer, Handler, Incoming
 
-Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+log = logging.getLogger("shoal.router")
 
 _TYPES = {
     400: "BadRequestError",
@@ -57,7 +56,7 @@ def sse_error(status: int, message: str) -> bytes:
     return b"\n\ndata: %s\n\ndata: [DONE]\n\n" % json.dumps(error_body(status, message)).encode()
 
 
-def internal_error(request: web.BaseRequest, error: Exception) -> web.Response:
+def internal_error(request: Incoming, error: Exception) -> web.Response:
     """A router bug's answer: an OpenAI-shaped 500 and one log line (the
     traceback only at DEBUG), instead of aiohttp's plain-text 500."""
     log.error(
@@ -74,11 +73,9 @@ def internal_error(request: web.BaseRequest, error: Exception) -> web.Response:
 def guarded(handler: Handler) -> Handler:
     """`handler`, answering `internal_error` for any exception it lets out."""
 
-    async def guarded_handler(request: web.BaseRequest) -> web.StreamResponse:
+    async def guarded_handler(request: Incoming) -> Answer:
         try:
             return await handler(request)
-        except web.HTTPException:
-            raise
         except Exception as error:
             return internal_error(request, error)
 

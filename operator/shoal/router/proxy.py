@@ -29,6 +29,7 @@ from shoal.router.errors import error_response, internal_error, sse_error
 from shoal.router.fleet import Fleet, Replica
 from shoal.router.hold import HeldRequests
 from shoal.router.hot import HotPrefixes
+from shoal.router.incoming import Answer, BodyTooLarge, Incoming, Streamed
 from shoal.router.metrics import RouterMetrics
 from shoal.router.placements import PlacementLog
 from shoal.router.policy import Choice, Chooser, RequestFacts
@@ -90,17 +91,6 @@ class ServerError(Exception):
         self.replica = replica
         self.ticket = ticket
         self.response = response
-
-
-class _StreamAnswer(web.StreamResponse):
-    """A relayed stream, whose headers wait for its first chunk, to go out in
-    one write with it (aiohttp's plain Response does so; a StreamResponse
-    sends its headers alone as it is prepared): one system call and one
-    client wake-up fewer per stream, on the path to the first token. The
-    switch is aiohttp's own (3.12 on), the one its Response turns off; an
-    aiohttp without it sends the headers alone, as before."""
-
-    _send_headers_immediately = False
 
 
 class Proxy:
@@ -167,7 +157,7 @@ class Proxy:
         self.engine_authorization = b"Authorization: Bearer %s\r\n" % key if key else b""
 
     # ---- request path
-    def authorized(self, request: web.BaseRequest) -> bool:
+    def authorized(self, request: Incoming) -> bool:
         if not self.api_keys:
             return True
         header = request.headers.get("Authorization", "")
@@ -182,7 +172,7 @@ class Proxy:
             matched |= hmac.compare_digest(given, key)
         return matched
 
-    async def handle(self, request: web.BaseRequest, target: Proxied) -> web.StreamResponse:
+    async def handle(self, request: Incoming, target: Proxied) -> Answer:
         given = request.headers.get(REQUEST_ID_HEADER)
         request_id = given if given and _REQUEST_ID.fullmatch(given) else self._new_id()
         try:
@@ -193,7 +183,7 @@ class Proxy:
                 traced.answered(response.status)
         except Exception as error:
             response = internal_error(request, error)
-        if not response.prepared:  # a stream got it with its headers
+        if isinstance(response, web.Response):  # a stream got it with its headers
             response.headers[REQUEST_ID_HEADER] = request_id
         return response
 
@@ -208,9 +198,9 @@ class Proxy:
         self._next_id = at + 32
         return self._ids[at : at + 32]
 
-    def _identity(self, request: web.BaseRequest, request_id: str) -> bytes:
+    def _identity(self, request: Incoming, request_id: str) -> bytes:
         """Header lines the engine gets about the client's request. Values
-        arrive as aiohttp parsed them (no CR or LF), surrogate-escaped."""
+        arrive as the server parsed them (no CR or LF), surrogate-escaped."""
         headers = request.headers
         lines = [b"X-Request-Id: %s\r\n" % request_id.encode()]
         # Traced, the router's own spans are the engine's parents (per attempt).
@@ -229,9 +219,7 @@ class Proxy:
         lines.append(self.engine_authorization)
         return b"".join(lines)
 
-    async def _handle(
-        self, request: web.BaseRequest, target: Proxied, request_id: str
-    ) -> web.StreamResponse:
+    async def _handle(self, request: Incoming, target: Proxied, request_id: str) -> Answer:
         started = time.perf_counter()
         if not self.authorized(request):
             self.metrics.rejected.labels("unauthorized").inc()
@@ -249,14 +237,14 @@ class Proxy:
             self.metrics.rejected.labels("too_large").inc()
             return error_response(413, f"Request body exceeds {self.config.max_body_bytes} bytes.")
         try:
-            if request.content.is_eof():  # the whole body came with the headers
+            if request.body_complete():  # the whole body came with the headers
                 raw = await request.read()
             else:
                 # A timer, not a task: a body that trickles in (slow loris)
                 # holds the connection only this long.
                 async with asyncio.timeout(self.config.timeouts.client_body_seconds):
                     raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
+        except BodyTooLarge:
             self.metrics.rejected.labels("too_large").inc()
             return error_response(413, f"Request body exceeds {self.config.max_body_bytes} bytes.")
         except TimeoutError:
@@ -469,7 +457,7 @@ class Proxy:
 
     async def _forward(
         self,
-        request: web.BaseRequest,
+        request: Incoming,
         replica: Replica,
         raw: bytes,
         *,
@@ -477,7 +465,7 @@ class Proxy:
         identity: bytes,
         stream: bool,
         prefill: float,
-    ) -> web.StreamResponse:
+    ) -> Answer:
         """One attempt. Its verdict on the replica is given here (at the
         latest in `finally`, Outcome.NONE when it says nothing), except for a
         5xx, whose verdict goes to the caller with the ServerError."""
@@ -511,7 +499,7 @@ class Proxy:
                 # The exchange keeps the deadline (no asyncio timer per request).
                 exchange, status, headers = await self._send(
                     replica,
-                    request.rel_url.raw_path_qs,
+                    request.raw_path_qs,
                     raw,
                     method=request.method,
                     identity=identity,
@@ -559,6 +547,7 @@ class Proxy:
             # end of its stream.
             self.fleet.verdict(replica, ticket, Outcome.OK)
             verdict = None
+            response: Answer
             if stream and status == 200:
                 exchange.disarm()
                 response, failure = await self._stream(
@@ -618,7 +607,11 @@ class Proxy:
         which must come by `answer_by` (else UpstreamTimeout)."""
         address = self.pool.address(replica.endpoint.url)
         head = request_head(
-            method.encode(), address.base + path.encode(), address, len(raw), extra=identity
+            method.encode(),
+            address.base + path.encode("utf-8", "surrogateescape"),
+            address,
+            len(raw),
+            extra=identity,
         )
         while True:
             exchange = await self.pool.open(address, answer_by=answer_by)
@@ -673,7 +666,7 @@ class Proxy:
 
     async def _stream(
         self,
-        request: web.BaseRequest,
+        request: Incoming,
         exchange: Exchange,
         status: int,
         headers: CIMultiDict[str],
@@ -681,25 +674,18 @@ class Proxy:
         request_id: str,
         first_chunk_by: float,
         deadline: float,
-    ) -> tuple[web.StreamResponse, str | None]:
+    ) -> tuple[Streamed, str | None]:
         """Relay a streamed answer; the second value says why it broke off
         after its first byte (then the client got an SSE error event)."""
         headers[REQUEST_ID_HEADER] = request_id  # sent now, with the first bytes
-        response = _StreamAnswer(status=status, headers=headers)
-        writer = await response.prepare(request)
-        assert writer is not None and request.transport is not None
         held = exchange.take()
-        # A client gone meanwhile is not an error here: aiohttp cancels this
-        # handler when its connection is lost, which drops the engine's.
-        with contextlib.suppress(ConnectionResetError):
-            if held:
-                await response.write(held)  # one send with the headers
-            else:
-                writer.send_headers()
+        # Its headers wait for the first chunk, to go out in one write with
+        # it: one system call and one client wake-up fewer per stream, on
+        # the path to the first token.
+        request.stream_head(status, headers, held)
         # From here each network read from the engine is written to the
         # client in the same callback (no task switch per chunk); this task
         # only waits for the end.
-        chunked = response.headers.get("Transfer-Encoding") == "chunked"
         stall = self.config.timeouts.stall_seconds
         if held:
             # The first chunk came already (it was awaited before the
@@ -708,8 +694,8 @@ class Proxy:
         relay = ChunkRelay(
             request.transport,
             exchange,
-            writer,
-            chunked=chunked,
+            request.drain,
+            chunked=request.chunked,
             stall_seconds=stall,
             first_chunk_by=first_chunk_by,
             deadline=deadline,
@@ -725,13 +711,11 @@ class Proxy:
             failure = "The router failed on this stream."
         finally:
             relay.stop()
-        with contextlib.suppress(ConnectionResetError):
-            if failure is not None:
-                # What OpenAI clients raise on (an error object in the data);
-                # the blank lines end any event the engine left cut short.
-                await response.write(sse_error(502, failure))
-            await response.write_eof()
-        return response, failure
+        if failure is not None:
+            # What OpenAI clients raise on (an error object in the data);
+            # the blank lines end any event the engine left cut short.
+            request.stream_write(sse_error(502, failure))
+        return Streamed(status), failure
 
 
 def _raw(value: str) -> bytes:
@@ -739,7 +723,7 @@ def _raw(value: str) -> bytes:
     return value.encode("utf-8", "surrogateescape")
 
 
-def _session_key(request: web.BaseRequest, body: dict[str, Any]) -> int | None:
+def _session_key(request: Incoming, body: dict[str, Any]) -> int | None:
     session = request.headers.get("x-session-id") or body.get("user")
     return hash_text(str(session)) if session else None
 

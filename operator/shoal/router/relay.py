@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-
-from aiohttp.abc import AbstractStreamWriter
+from collections.abc import Awaitable, Callable
 
 from shoal.router.upstream import Exchange
 
@@ -33,17 +32,17 @@ class ChunkRelay:
         "_stall",
         "_timer",
         "chunked",
+        "drain",
         "exchange",
         "failure",
         "transport",
-        "writer",
     )
 
     def __init__(
         self,
         transport: asyncio.Transport,
         exchange: Exchange,
-        writer: AbstractStreamWriter,
+        drain: Callable[[], Awaitable[None]],
         *,
         chunked: bool,
         stall_seconds: float,
@@ -52,10 +51,10 @@ class ChunkRelay:
     ) -> None:
         self.transport = transport
         self.exchange = exchange
-        self.writer = writer
+        self.drain = drain
         self.chunked = chunked
         self.failure: str | None = None
-        # Past the transport's own high-water mark (where it pauses aiohttp's
+        # Past the transport's own high-water mark (where it pauses the server's
         # writes too) stop reading from the engine until the client drains:
         # the kernel's window then slows the engine instead of our memory
         # growing.
@@ -80,7 +79,7 @@ class ChunkRelay:
             self._timer = self._loop.call_at(min(now + self._stall, self._deadline), self._check)
         transport = self.transport
         if transport.is_closing():
-            return  # the client is gone: aiohttp cancels the handler, which drops the engine
+            return  # the client is gone: the server cancels the handler, which drops the engine
         transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if self.chunked else chunk)
         if self._draining is None and transport.get_write_buffer_size() > self._high:
             self.exchange.pause()
@@ -106,7 +105,7 @@ class ChunkRelay:
     async def _drain(self) -> None:
         try:
             with contextlib.suppress(ConnectionError):
-                await self.writer.drain()
+                await self.drain()
         finally:
             self._draining = None
             self._last = self._clock()

@@ -20,11 +20,11 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from aiohttp import web
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
     from shoal.api.router import RouterTracing
+    from shoal.router.incoming import Incoming
     from shoal.router.policy import Choice
 
 SERVICE_NAME = "shoal-router"
@@ -102,7 +102,7 @@ class Tracing:
             self.provider.shutdown()
 
     @contextmanager
-    def request(self, request: web.BaseRequest, request_id: str) -> Iterator[Attempt]:
+    def request(self, request: Incoming, request_id: str) -> Iterator[Attempt]:
         """The request's span, current while the request is handled (its
         children find it through the task's context); the Attempt it yields
         takes the answer's status."""
@@ -169,7 +169,7 @@ class Tracing:
 class _Carrier(dict[str, Any]):
     """A client's trace headers, as the propagator reads them."""
 
-    def __init__(self, request: web.BaseRequest) -> None:
+    def __init__(self, request: Incoming) -> None:
         super().__init__()
         for name in ("traceparent", "tracestate"):
             value = request.headers.get(name)
