@@ -194,35 +194,30 @@ def test_a_chunked_body_is_read_whole_and_one_past_the_bound_is_413() -> None:
     assert (too_large, after) == (413, 200)
 
 
+async def _answered_then_closed(raw: bytes) -> tuple[int, bool]:
+    """Send `raw` to a router: the answer's status, and whether the router
+    then closed the connection."""
+    async with _router() as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(raw)
+        status, _, _ = await _answer(reader)
+        closed = await _closed(reader)
+        writer.close()
+    return status, closed
+
+
 def test_an_answer_given_before_its_body_came_closes_the_connection() -> None:
     """The body would be read (and held, up to the bound) for nobody."""
-
-    async def run() -> tuple[int, bool]:
-        async with _router() as port:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
-            status, _, _ = await _answer(reader)
-            closed = await _closed(reader)
-            writer.close()
-        return status, closed
-
-    assert asyncio.run(run()) == (404, True)
+    raw = b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+    assert asyncio.run(_answered_then_closed(raw)) == (404, True)
 
 
 def test_an_upgrade_is_answered_as_http11_and_the_connection_closed() -> None:
-    async def run() -> tuple[int, bool]:
-        async with _router() as port:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(
-                b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
-                b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n"
-            )
-            status, _, _ = await _answer(reader)
-            closed = await _closed(reader)
-            writer.close()
-        return status, closed
-
-    assert asyncio.run(run()) == (200, True)
+    raw = (
+        b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+        b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n"
+    )
+    assert asyncio.run(_answered_then_closed(raw)) == (200, True)
 
 
 def test_an_absolute_form_target_is_served_by_its_path() -> None:
