@@ -346,7 +346,8 @@ class ClientConnection(asyncio.Protocol):
             and request.body_complete()
             and not (isinstance(answer, web.Response) and answer.keep_alive is False)
         )
-        more = keep and bool(self._queued)
+        # A client gone meanwhile: its connection_lost clears the queue.
+        more = keep and bool(self._queued) and not transport.is_closing()
         last = not keep or (self._closing and not more)
         if isinstance(answer, Streamed) or request.streamed:
             request.stream_end()
