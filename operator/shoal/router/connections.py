@@ -134,6 +134,10 @@ class ClientConnection(asyncio.Protocol):
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._reading_paused = False
+        # Answered before its body came: the body is read and dropped, by a
+        # deadline, so the connection serves on.
+        self._discarding: Incoming | None = None
+        self._discard_timer: asyncio.TimerHandle | None = None
 
     # ---- the connection
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -156,10 +160,10 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._server.connections.discard(self)
-        for timer in (self._header_timer, self._idle_timer):
+        for timer in (self._header_timer, self._idle_timer, self._discard_timer):
             if timer is not None:
                 timer.cancel()
-        self._header_timer = self._idle_timer = None
+        self._header_timer = self._idle_timer = self._discard_timer = None
         if self._task is not None:
             # The client is gone: so is its request (a read of its body too).
             self._task.cancel()
@@ -188,6 +192,10 @@ class ClientConnection(asyncio.Protocol):
             cause = error.__context__ if isinstance(error.__context__, _Refused) else error
             self._closing = True
             broken = self._parsing
+            if broken is not None and broken is self._discarding:
+                # Its answer went out already: nothing more to say.
+                self._refuse_after(None)
+                return
             if broken is not None:
                 # Its body is broken: so is the request, answered instead
                 # (the requests before it are answered first).
@@ -299,13 +307,23 @@ class ClientConnection(asyncio.Protocol):
                 self.transport.pause_reading()
 
     def on_body(self, body: bytes) -> None:
-        if self._parsing is not None:
-            self._parsing.feed(body)
+        parsing = self._parsing
+        if parsing is not None:
+            parsing.feed(body)
+            if parsing is self._discarding and parsing.size > self._server.client_max_size:
+                raise _Refused("discarded body too large")
 
     def on_message_complete(self) -> None:
-        if self._parsing is not None:
-            self._parsing.finish()
+        parsing = self._parsing
+        if parsing is not None:
+            parsing.finish()
             self._parsing = None
+            if parsing is self._discarding:
+                self._discarding = None
+                if self._discard_timer is not None:
+                    self._discard_timer.cancel()
+                    self._discard_timer = None
+                self._idle_since = self._loop.time()
 
     # ---- answering
     def _start(self, request: Incoming) -> None:
@@ -339,15 +357,16 @@ class ClientConnection(asyncio.Protocol):
         transport = self.transport
         assert transport is not None
         self._active = None
-        # A body not yet read whole would be read for nobody: the connection
-        # is kept only if the parser is past it.
-        keep = (
-            request.keep_alive
-            and request.body_complete()
-            and not (isinstance(answer, web.Response) and answer.keep_alive is False)
+        keep = request.keep_alive and not (
+            isinstance(answer, web.Response) and answer.keep_alive is False
         )
+        # A body not read whole is read and dropped after the answer (as
+        # nginx discards one), unless it is longer than the bound.
+        unread = not request.body_complete()
+        if unread and (self._closing or (request.content_length or 0) > request.max_body):
+            keep = False
         # A client gone meanwhile: its connection_lost clears the queue.
-        more = keep and bool(self._queued) and not transport.is_closing()
+        more = keep and not unread and bool(self._queued) and not transport.is_closing()
         last = not keep or (self._closing and not more)
         if isinstance(answer, Streamed) or request.streamed:
             request.stream_end()
@@ -375,6 +394,12 @@ class ClientConnection(asyncio.Protocol):
             self._closing = True
             self._queued.clear()
             self._refuse_after(self._last_words)
+        elif unread:
+            request.discard()
+            self._discarding = request
+            self._discard_timer = self._loop.call_later(
+                self._server.header_seconds, self._discard_late
+            )
         else:
             self._idle_since = self._loop.time()
 
@@ -408,6 +433,13 @@ class ClientConnection(asyncio.Protocol):
             return
         self._closing = True
         self._refuse_after(self._server.too_slow)
+
+    def _discard_late(self) -> None:
+        """A body being dropped stopped coming: the connection goes."""
+        self._discard_timer = None
+        if self._discarding is not None and self.transport is not None:
+            self._closing = True
+            self.transport.close()
 
     def _check_idle(self) -> None:
         """One timer per connection, re-armed when it fires: a request costs

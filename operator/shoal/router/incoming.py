@@ -39,6 +39,7 @@ class Incoming:
     __slots__ = (
         "_chunks",
         "_complete",
+        "_discarded",
         "_too_large",
         "_waiter",
         "chunked",
@@ -92,6 +93,7 @@ class Incoming:
         self.size = 0
         self._complete = False
         self._too_large = False
+        self._discarded = False
         self._waiter: asyncio.Future[None] | None = None
         self.streamed = False  # the handler wrote its answer's head
         self.chunked = False  # ... as HTTP/1.1 chunks
@@ -137,6 +139,8 @@ class Incoming:
     # ---- what the connection feeds
     def feed(self, data: bytes) -> None:
         size = self.size = self.size + len(data)
+        if self._discarded:
+            return
         if size > self.max_body:
             if not self._too_large:
                 self._too_large = True
@@ -144,6 +148,11 @@ class Incoming:
                 self._wake()
             return  # counted, dropped: the parser still reads to its end
         self._chunks.append(data)
+
+    def discard(self) -> None:
+        """Nobody will read the rest of the body: drop it as it comes."""
+        self._discarded = True
+        self._chunks.clear()
 
     def finish(self) -> None:
         self._complete = True
