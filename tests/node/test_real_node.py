@@ -259,11 +259,16 @@ class Fleet:
             yield client
 
 
-def complete(client: httpx.Client, prompt: str, *, key: str) -> httpx.Response:
+def complete(client: httpx.Client, prompt: str, *, key: str, fresh: bool = False) -> httpx.Response:
+    """`fresh`: on a connection of its own, which kube-proxy may send to
+    another router than the last (a kept-alive one stays with its router)."""
+    headers = {"Authorization": f"Bearer {key}"}
+    if fresh:
+        headers["Connection"] = "close"
     return client.post(
         "/v1/completions",
         json={"model": MODEL, "prompt": prompt, "max_tokens": 4},
-        headers={"Authorization": f"Bearer {key}"},
+        headers=headers,
     )
 
 
@@ -343,15 +348,19 @@ def test_a_rotated_api_key_secret_reaches_the_running_routers_without_a_restart(
         assert complete(host, "new key too soon", key=new).status_code == 401
         apply(fleet.bed, fleet.ns, api_keys_secret(new))
         # kubelet rewrites the mounted Secret (syncFrequency 10 s here); the
-        # routers re-read it (apiKeyReloadSeconds, 10 s). Every router behind
-        # the Service: a few answers in a row, spread by kube-proxy.
+        # routers re-read it (apiKeyReloadSeconds, 10 s), each on its own
+        # clock. Every router behind the Service: answers in a row, each on
+        # a fresh connection that kube-proxy spreads (16 in a row all on one
+        # of two routers: 1 in 32,768).
         wait_for(
-            lambda: all(complete(host, "new key", key=new).status_code == 200 for _ in range(4)),
+            lambda: all(
+                complete(host, "new key", key=new, fresh=True).status_code == 200 for _ in range(16)
+            ),
             what="the new key accepted by the routers",
             timeout=150,
         )
-        refused = [complete(host, "old key", key=old).status_code for _ in range(4)]
-    assert refused == [401] * 4
+        refused = [complete(host, "old key", key=old, fresh=True).status_code for _ in range(8)]
+    assert refused == [401] * 8
     after = fleet.routers()
     assert {p["metadata"]["uid"] for p in after} == before
     assert all(c["restartCount"] == 0 for p in after for c in p["status"]["containerStatuses"])
