@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from email.utils import formatdate
+from functools import lru_cache
 from http import HTTPStatus
 
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -18,17 +19,11 @@ _OWN = frozenset(
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
-_date = [0, b""]  # the second it is for, and the header line
 
-
-def _date_line() -> bytes:
-    now = int(time.time())
-    if now != _date[0]:
-        _date[0] = now
-        _date[1] = b"Date: %s\r\n" % formatdate(now, usegmt=True).encode()
-    line = _date[1]
-    assert isinstance(line, bytes)
-    return line
+@lru_cache(maxsize=1)
+def _date_line(second: int) -> bytes:
+    # Formatted once a second: every answer in that second shares it.
+    return b"Date: %s\r\n" % formatdate(second, usegmt=True).encode()
 
 
 def answer_head(
@@ -47,7 +42,7 @@ def answer_head(
     for name, value in headers.items():
         if name.lower() not in _OWN:
             lines.append(b"%s: %s\r\n" % (name.encode(), value.encode("utf-8", "surrogateescape")))
-    lines.append(_date_line())
+    lines.append(_date_line(int(time.time())))
     if length is not None:
         lines.append(b"Content-Length: %d\r\n" % length)
     elif version == "1.1":
