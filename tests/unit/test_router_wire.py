@@ -48,7 +48,7 @@ def test_an_unsized_answer_is_chunked_or_closed_by_version() -> None:
 
 def test_the_date_follows_the_clock_second_by_second(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [1_800_000_000.2]
-    monkeypatch.setattr(wire.time, "time", lambda: clock[0])
+    monkeypatch.setattr(time, "time", lambda: clock[0])
     first = _head()["date"]
     clock[0] += 0.5
     assert _head()["date"] == first
