@@ -162,7 +162,9 @@ def _observed_status(manifest: dict[str, object], *, selector: str) -> dict[str,
             ReplicaStatus(index=1, state="Warming", pods=["llama-70b-r1-0"], gpus=8),
         ],
     )
-    return _without_empty(status.to_json())
+    kept = _without_empty(status.to_json())
+    assert isinstance(kept, dict)
+    return kept
 
 
 def _without_empty(value: object) -> object:

@@ -84,7 +84,8 @@ def test_set_image_and_scale_on_a_replica_are_reverted_and_the_serving_pod_kept(
     def image_restored() -> bool:
         sts = get_json(testbed, "statefulset", "drift-r0", "-n", ns)
         containers = sts["spec"]["template"]["spec"]["containers"]
-        return next(c for c in containers if c["name"] == "engine")["image"] == ENGINE_IMAGE
+        engine = next(c for c in containers if c["name"] == "engine")
+        return bool(engine["image"] == ENGINE_IMAGE)
 
     wait_for(image_restored, what="drift-r0's image restored", timeout=REPAIR_SECONDS, interval=0.2)
     assert "DriftReverted" in [e["reason"] for e in events(testbed, ns, "drift")]

@@ -166,7 +166,7 @@ def test_status_shows_the_download_s_bytes_rising_toward_the_model_s_size(
                     assert download["progress"] in progressing.get("message", "")
                 if not wide and download["bytes"] < total:
                     wide = testbed.kubectl("get", "vlc", "slow", "-n", ns, "-o", "wide")
-            return download.get("state") == "Complete"
+            return bool(download.get("state") == "Complete")
 
         wait_for(finished, what="the download complete", timeout=120, interval=0.5)
         wait_ready(testbed, ns, "slow", 1, timeout=90)

@@ -374,7 +374,7 @@ def test_a_paused_cluster_is_left_alone_until_resumed(testbed: Testbed, ns: str)
     def paused() -> bool:
         status = cluster(testbed, ns, "held").get("status", {})
         found = {c["type"]: c for c in status.get("conditions", [])}
-        return found.get("Progressing", {}).get("reason") == "Paused"
+        return bool(found.get("Progressing", {}).get("reason") == "Paused")
 
     wait_for(paused, what="Progressing=False reason Paused", timeout=30)
     time.sleep(3)

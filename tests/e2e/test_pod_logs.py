@@ -100,7 +100,12 @@ def test_kubectl_logs_shows_what_the_container_printed_and_follows_it(
         lines: queue.Queue[str] = queue.Queue()
         assert follow.stdout is not None
         stdout = follow.stdout
-        threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True).start()
+
+        def pump() -> None:
+            for line in stdout:
+                lines.put(line)
+
+        threading.Thread(target=pump, daemon=True).start()
         try:
             assert lines.get(timeout=30).strip() == "to stdout: first"
             assert lines.get(timeout=30).strip() == "to stderr: second"

@@ -4,6 +4,7 @@ not-Ready or is deleted, and the router recovers after its watch breaks."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +21,10 @@ from tests.e2e.kube import apply, get_json, namespace, pods, wait_for
 pytestmark = pytest.mark.e2e
 
 WARMED = "serving.shoal.dev/warmed"
+
+
+def _healthy(url: str) -> bool:
+    return http_status(url) == 200
 
 
 def engines(replicas: int) -> dict[str, Any]:
@@ -117,19 +122,17 @@ def test_router_routes_only_to_ready_pods_and_survives_a_broken_watch(
 ) -> None:
     with namespace(testbed, "disc") as ns:
         apply(testbed, ns, engines(2))
-        running = wait_for(
-            lambda: (
-                (p := pods(testbed, ns, "app=eng"))
-                and len(p) == 2
-                and all(x["status"].get("podIP") for x in p)
-                and p
-            ),
-            what="2 engine pods with IPs",
-        )
+
+        def with_ips() -> list[dict[str, Any]] | None:
+            found = pods(testbed, ns, "app=eng")
+            with_ip = [x for x in found if x["status"].get("podIP")]
+            return with_ip if len(with_ip) == len(found) == 2 else None
+
+        running = wait_for(with_ips, what="2 engine pods with IPs")
         for pod in running:
             ip = pod["status"]["podIP"]
             wait_for(
-                lambda ip=ip: http_status(f"http://{ip}:8000/health") == 200,
+                functools.partial(_healthy, f"http://{ip}:8000/health"),
                 what=f"simulator at {ip}",
                 timeout=30,
             )

@@ -5,6 +5,8 @@ others by label through the API server, leaves itself out by its pod name
 
 from __future__ import annotations
 
+import functools
+
 import httpx
 import pytest
 
@@ -24,6 +26,10 @@ def _router_urls(bed: Testbed, ns: str, name: str) -> list[str]:
         if pod["metadata"]["labels"].get("app.kubernetes.io/component") == "router" and ip:
             urls.append(f"http://{ip}:8000")
     return sorted(urls)
+
+
+def _following_one(url: str) -> bool:
+    return _metric(url, "shoal_router_peers") == 1.0
 
 
 def _metric(url: str, name: str) -> float | None:
@@ -57,7 +63,7 @@ def test_router_pods_follow_each_other_and_read_placements(testbed: Testbed, ns:
     # Each follows the other, not itself.
     for url in routers:
         wait_for(
-            lambda url=url: _metric(url, "shoal_router_peers") == 1.0,
+            functools.partial(_following_one, url),
             what=f"{url} following its one peer",
             timeout=60,
         )

@@ -274,7 +274,7 @@ def test_a_replica_failing_requests_through_the_router_is_restarted_for_it(
         def restarted() -> dict[str, Any] | None:
             status = cluster(testbed, ns, "errors").get("status", {})
             entries = status.get("replicaStatuses") or []
-            entry = next((r for r in entries if r["index"] == 1), {})
+            entry: dict[str, Any] = next((r for r in entries if r["index"] == 1), {})
             return entry if entry.get("restarts") else None
 
         entry = wait_for(restarted, what="errors-r1-0 restarted", timeout=60, interval=0.2)

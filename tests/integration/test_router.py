@@ -92,7 +92,7 @@ def _placements(front: str, prompts: list[str], **extra: object) -> list[str]:
     placed = []
     with httpx.Client(timeout=30) as client:
         for prompt in prompts:
-            response = client.post(front + "/v1/completions", json=completion(prompt, **extra))
+            response = client.post(front + "/v1/completions", json=completion(prompt) | extra)
             assert response.status_code == 200, response.text
             placed.append(response.headers["x-shoal-replica"])
     return placed

@@ -69,14 +69,18 @@ def test_openai_client_gets_the_same_answers_through_the_router(tmp_path: Path) 
         direct, routed = oa(urls[0]), oa(front)
         for client in (direct, routed):
             assert [m.id for m in client.models.list()] == [MODEL]
-        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
-        a, b = (c.chat.completions.create(**chat) for c in (direct, routed))  # type: ignore[call-overload]
+        chat: dict[str, Any] = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 5,
+        }
+        a, b = (c.chat.completions.create(**chat) for c in (direct, routed))
         assert _same(a.model_dump()) == _same(b.model_dump())
         a, b = (
             c.completions.create(model=MODEL, prompt="once", max_tokens=5) for c in (direct, routed)
         )
         assert _same(a.model_dump()) == _same(b.model_dump())
-        request = {
+        request: dict[str, Any] = {
             "model": MODEL,
             "instructions": SYSTEM,
             "input": "a book?",
@@ -107,13 +111,13 @@ def test_anthropic_client_gets_the_same_answers_through_the_router(tmp_path: Pat
         }
         a, b = (c.messages.create(**request) for c in (direct, routed))
         assert _same(a.model_dump()) == _same(b.model_dump())
-        assert b.content[0].text  # type: ignore[union-attr]
+        assert b.content[0].text
         streamed = []
         for client in (direct, routed):
             with client.messages.stream(**request) as stream:
                 text = "".join(stream.text_stream)
                 streamed.append((text, stream.get_final_message().usage.output_tokens))
-        assert streamed[0] == streamed[1] == (b.content[0].text, b.usage.output_tokens)  # type: ignore[union-attr]
+        assert streamed[0] == streamed[1] == (b.content[0].text, b.usage.output_tokens)
         counted = [
             c.messages.count_tokens(model=MODEL, system=SYSTEM, messages=request["messages"])
             for c in (direct, routed)

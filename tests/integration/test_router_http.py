@@ -227,7 +227,7 @@ def test_a_body_answered_before_it_came_is_dropped_and_the_connection_serves_on(
 
 
 def test_a_body_past_the_bound_or_stalled_after_an_early_answer_closes_the_connection() -> None:
-    config = {"maxRequestSize": "1Ki", "timeouts": {"clientHeaderSeconds": 1}}
+    config: dict[str, object] = {"maxRequestSize": "1Ki", "timeouts": {"clientHeaderSeconds": 1}}
 
     async def run() -> list[tuple[int, bool]]:
         results = []

@@ -116,7 +116,7 @@ def _traced_router(engines: list[str], exporter: InMemorySpanExporter, **config:
     )
 
 
-async def _ask(router_: Router, *requests: dict[str, object]) -> list[int]:
+async def _ask(router_: Router, *requests: dict[str, str]) -> list[int]:
     await router_.start()
     try:
         async with router_client(router_) as client:
@@ -178,7 +178,7 @@ def test_each_attempt_is_a_span_and_a_failed_one_says_why() -> None:
         statuses = asyncio.run(_ask(router_, {}, {}))
     assert statuses == [200, 200]
     attempts = [s for s in exporter.get_finished_spans() if s.name == "router.upstream"]
-    failed = [s for s in attempts if s.attributes and s.attributes["shoal.replica"] in failing]
+    failed = [s for s in attempts if s.attributes and str(s.attributes["shoal.replica"]) in failing]
     assert failed and all(s.events and s.events[0].name == "exception" for s in failed)
     assert {s.attributes["shoal.attempt"] for s in failed if s.attributes} == {0}
     assert any(s.attributes and s.attributes.get("shoal.attempt") == 1 for s in attempts)

@@ -79,8 +79,8 @@ def test_a_conversations_next_turn_through_another_router_keeps_its_replica(
     second turn where A sent the first only if it read A's placements. B starts
     after A's first dozen (it catches up from A's log), then follows A live."""
     internal_a, internal_b = free_port(), free_port()
-    with sims(4, tmp_path) as engines:
-        engines = list(engines)
+    with sims(4, tmp_path) as fleet:
+        engines = list(fleet)
         with _router(
             tmp_path,
             "a",

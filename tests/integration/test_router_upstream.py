@@ -397,7 +397,7 @@ def test_a_client_that_stops_reading_stops_the_engine_not_the_router_memory(
                 chunk = client.recv(1 << 20)
                 assert chunk, "the router closed the stream before its end"
                 answer += chunk
-            payload = _dechunk(answer.partition(b"\r\n\r\n")[2])
+            payload = _dechunk(bytes(answer.partition(b"\r\n\r\n")[2]))
     finally:
         engine.close()
     assert stalled_at < pieces * piece // 2, f"the engine sent {stalled_at} bytes unread"

@@ -54,7 +54,7 @@ def test_json_names_are_camel_case_with_kubernetes_acronyms() -> None:
     spec = VLLMClusterSpec.model_validate(
         {"model": {"name": "m"}, "parallelism": {"decodeContext": 2, "tensor": 4}}
     )
-    dumped = spec.to_json()
+    dumped: dict[str, Any] = spec.to_json()
     assert dumped["parallelism"] == {"tensor": 4, "pipeline": 1, "decodeContext": 2}
     assert dumped["router"]["thresholds"]["qNorm"] == 20
     assert "servedName" not in dumped["model"]  # unset optional fields are left out
@@ -145,7 +145,7 @@ def test_status_embeds_the_planners_output() -> None:
     status = VLLMClusterStatus(
         replicas=1, capacity=CapacityStatus(**capacity.model_dump(), measured=[])
     )
-    dumped = status.to_json()
+    dumped: dict[str, Any] = status.to_json()
     assert dumped["capacity"]["kvTokensPerReplica"] == capacity.kv_tokens_per_replica
     assert dumped["capacity"]["weightBytesPerGPU"] == capacity.weight_bytes_per_gpu
     cluster = VLLMCluster.model_validate({"spec": spec.to_json(), "status": dumped})

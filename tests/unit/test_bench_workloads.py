@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import statistics
 from collections import Counter
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def test_random_prompts_share_nothing_and_body_is_a_streamed_chat() -> None:
 def test_prompt_tokens_match_the_simulators_own_tokenization() -> None:
     tokens = PromptTokens(H100)
     for request in synthetic("shared-prefix", count=40, seed=5).requests:
-        chat = [{"role": r, "content": c} for r, c in request.messages]
+        chat: list[dict[str, object]] = [{"role": r, "content": c} for r, c in request.messages]
         assert tokens(request) == tokens.tokenizer.encode(render_chat(chat))
 
 
@@ -170,8 +171,7 @@ def test_arrivals_are_seeded_at_the_asked_rate_and_bursty_when_asked() -> None:
 
     def gaps_cv(offsets: list[float]) -> float:
         gaps = [b - a for a, b in itertools.pairwise(offsets)]
-        mean = sum(gaps) / len(gaps)
-        return (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
+        return statistics.pstdev(gaps) / statistics.fmean(gaps)
 
     bursty = arrival_offsets(4000, rate=20.0, burstiness=0.25, seed=1)
     assert 4000 / bursty[-1] == pytest.approx(20.0, rel=0.1)

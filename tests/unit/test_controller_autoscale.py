@@ -6,6 +6,7 @@ minimum (zero included)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from shoal.controller.autoscale import (
     Demand,
@@ -31,7 +32,7 @@ POLICY = ScalePolicy(
 
 
 def run(
-    loads: list[float | None],
+    loads: Sequence[float | None],
     *,
     policy: ScalePolicy = POLICY,
     current: int = 1,

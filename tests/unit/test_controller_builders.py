@@ -168,7 +168,8 @@ def test_model_sources_pvc_read_only_or_hub_id_with_token_secret() -> None:
 
 
 def test_user_placement_is_kept_beside_the_gpu_rules() -> None:
-    user_affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}
+    required: dict[str, object] = {"requiredDuringSchedulingIgnoredDuringExecution": {}}
+    user_affinity = {"nodeAffinity": required}
     spec = spec_of(
         placement={
             "nodeSelector": {"pool": "inference"},

@@ -23,7 +23,7 @@ import kopf
 import pytest
 import yaml
 
-from shoal.controller import handlers, login
+from shoal.controller import login
 
 IN_POD = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
 
@@ -151,5 +151,5 @@ def test_the_operator_logs_in_from_its_pod_without_the_kubernetes_package(
         monkeypatch.setenv(name, value)
     directory = service_account(tmp_path / "sa", token=jwt({"exp": 1_900_000_000}))
     monkeypatch.setattr(login, "SERVICE_ACCOUNT_DIR", directory)
-    info = handlers.login(settings=kopf.OperatorSettings(), logger=logging.getLogger("t"))
+    info = login.login(settings=kopf.OperatorSettings(), logger=logging.getLogger("t"))
     assert info is not None and info.server == "https://10.96.0.1:443"

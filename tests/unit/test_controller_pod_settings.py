@@ -11,7 +11,7 @@ from typing import Any
 from shoal.controller.desired import desired_fleet
 from tests.unit.controller_samples import REF, ROUTER_IMAGE, fleet_of, spec_of
 
-POD = {
+POD: dict[str, Any] = {
     "labels": {"team": "search", "serving.shoal.dev/cluster": "other"},
     "annotations": {"vault.hashicorp.com/agent-inject": "true"},
     "serviceAccountName": "weights-reader",

@@ -145,16 +145,15 @@ def test_group_restarts_are_counted_with_their_reason() -> None:
 def test_operator_metrics_count_events_by_reason_and_still_post_them() -> None:
     from prometheus_client import generate_latest
 
-    from shoal.controller.decide import Event
     from shoal.controller.metrics import OperatorMetrics
 
     posted: list[Event] = []
     metrics = OperatorMetrics()
     post = metrics.counting(lambda _body, event: posted.append(event))
     body = {"metadata": {"namespace": "team", "name": "c"}}
-    post(body, Event("Normal", "ReplicaRestarted", "hung"))
-    post(body, Event("Normal", "ReplicaRestarted", "hung again"))
-    post(body, Event("Warning", "WarmupTimedOut", "admitted"))
+    post(body, Event(EventType.NORMAL, "ReplicaRestarted", "hung"))
+    post(body, Event(EventType.NORMAL, "ReplicaRestarted", "hung again"))
+    post(body, Event(EventType.WARNING, "WarmupTimedOut", "admitted"))
     text = generate_latest(metrics.registry).decode()
     cluster = 'namespace="team",reason="{}",type="{}",vllmcluster="c"'
     assert (

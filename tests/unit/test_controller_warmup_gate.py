@@ -7,6 +7,7 @@ from (inline, ConfigMap YAML, router hot prefixes) and the status a user reads."
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -57,7 +58,8 @@ def gated(on_timeout: OnTimeout = OnTimeout.ADMIT) -> Desired:
 
 
 def new_leader(desired: Desired, **changes: object) -> Observed:
-    pod = pod_for(0, **{"ready": False, "warmed": None, **changes})
+    facts: dict[str, Any] = {"ready": False, "warmed": None, **changes}
+    pod = pod_for(0, **facts)
     replica = ReplicaFacts(index=0, leader=set_for(0, desired), pods=[pod])
     return Observed(replicas={0: replica}, router=None)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -172,7 +173,7 @@ def test_without_include_usage_the_finishing_chunk_carries_the_fingerprint() -> 
 
 
 def test_tokenize_and_models_have_the_recorded_shapes() -> None:
-    recorded = wire.json.loads(text("tokenize.txt").split("\nHTTP ")[0])
+    recorded = json.loads(text("tokenize.txt").split("\nHTTP ")[0])
     tokens = api.parse_tokenize({"model": "tiny", "prompt": "Hello, world"}, VIEW)
     ours = wire.tokenize_response(tokens, max_model_len=2048)
     assert shape(ours) == shape(recorded)

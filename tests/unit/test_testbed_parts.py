@@ -30,8 +30,8 @@ def test_gpu_nodes_advertise_gpus_product_and_taint_and_a_loopback_pod_cidr() ->
     for node in gpu:
         assert node["status"]["allocatable"][nodes.GPU_RESOURCE] == "8"
         assert nodes.GPU_TAINT in node["spec"]["taints"]
-    cidrs = [ipaddress.ip_network(n["spec"]["podCIDR"]) for n in built]
-    assert all(c.subnet_of(ipaddress.ip_network("127.123.0.0/16")) for c in cidrs)
+    cidrs = [ipaddress.IPv4Network(n["spec"]["podCIDR"]) for n in built]
+    assert all(c.subnet_of(ipaddress.IPv4Network("127.123.0.0/16")) for c in cidrs)
     assert len(set(cidrs)) == len(cidrs), "two nodes share a pod CIDR"
     cpu_only = [n for n in built if n not in gpu]
     assert cpu_only and not cpu_only[0]["spec"]["taints"]

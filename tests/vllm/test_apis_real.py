@@ -81,8 +81,10 @@ def test_openai_responses_through_two_routers_are_vllms_own(
         kinds = {e.type for e in events}
         assert events.get_final_response().output_text == want.output_text
     assert {"response.created", "response.output_text.delta", "response.completed"} <= kinds
-    chat = {"model": "tiny", "messages": [{"role": "user", "content": USER}], "max_tokens": 4,
-            "temperature": 0}  # fmt: skip
+    chat: dict[str, Any] = {
+        "model": "tiny", "messages": [{"role": "user", "content": USER}], "max_tokens": 4,
+        "temperature": 0,
+    }  # fmt: skip
     assert (
         a.chat.completions.create(**chat).choices[0].message.content
         == direct.chat.completions.create(**chat).choices[0].message.content
@@ -106,7 +108,7 @@ def test_anthropic_messages_through_the_router_are_vllms_own(
         want.usage.output_tokens,
     )
     with routed.messages.stream(**request) as stream:
-        assert "".join(stream.text_stream) == want.content[0].text  # type: ignore[union-attr]
+        assert "".join(stream.text_stream) == want.content[0].text
     counted = routed.messages.count_tokens(
         model="tiny", system=SYSTEM, messages=request["messages"]
     )
