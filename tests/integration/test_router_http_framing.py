@@ -2,7 +2,8 @@
 framing: pipelined requests, bodies sized by Content-Length or sent as chunks
 of any size, some with trailers, all cut into TCP writes at generated places.
 However the bytes are cut, every request reaches the handler whole and in
-order, each answer matches its request, and the connection serves on.
+order, each answer (plain, or streamed in chunks over several writes)
+matches its request, and the connection serves on.
 
 test_router_http.py checks each framing rule by hand; this searches their
 combinations: a body cut inside a chunk-size line, a request ended by the
@@ -20,9 +21,10 @@ from dataclasses import dataclass
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from multidict import CIMultiDict
 
 from shoal.router.connections import HttpServer
-from shoal.router.incoming import Answer, Incoming
+from shoal.router.incoming import Answer, Incoming, Streamed
 
 MAX_BODY = 4096
 
@@ -68,7 +70,7 @@ def _split(total: int, cuts: list[int]) -> tuple[int, ...]:
 @st.composite
 def _requests(draw: st.DrawFn) -> Sent:
     method = draw(st.sampled_from([b"GET", b"POST", b"PUT"]))
-    path = b"/p%d" % draw(st.integers(0, 999))
+    path = b"/%s%d" % (draw(st.sampled_from([b"p", b"s"])), draw(st.integers(0, 999)))
     body = b"" if method == b"GET" else draw(st.binary(max_size=MAX_BODY))
     chunked = method != b"GET" and draw(st.booleans())
     chunks = None
@@ -78,6 +80,7 @@ def _requests(draw: st.DrawFn) -> Sent:
 
 
 async def _echo(request: Incoming) -> Answer:
+    """The request as received; to paths under /s, streamed in three writes."""
     body = await request.read()
     text = b"%s %s %d %s" % (
         request.method.encode(),
@@ -85,7 +88,15 @@ async def _echo(request: Incoming) -> Answer:
         len(body),
         hashlib.sha256(body).hexdigest().encode(),
     )
-    return web.Response(body=text)
+    if not request.path.startswith("/s"):
+        return web.Response(body=text)
+    third = len(text) // 3
+    request.stream_head(200, CIMultiDict(), text[:third])
+    await asyncio.sleep(0)
+    request.stream_write(text[third : 2 * third])
+    await request.drain()
+    request.stream_write(text[2 * third :])
+    return Streamed(200)  # the server writes the last chunk
 
 
 async def _answers(reader: asyncio.StreamReader, count: int) -> list[bytes]:
@@ -93,12 +104,15 @@ async def _answers(reader: asyncio.StreamReader, count: int) -> list[bytes]:
     for _ in range(count):
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
         assert head.startswith(b"HTTP/1.1 200 "), head
-        length = next(
-            int(line.split(b":", 1)[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length:")
-        )
-        bodies.append(await asyncio.wait_for(reader.readexactly(length), 5))
+        fields = dict(line.lower().split(b": ", 1) for line in head.split(b"\r\n")[1:] if line)
+        if fields.get(b"transfer-encoding") == b"chunked":
+            body = b""
+            while size := int(await asyncio.wait_for(reader.readuntil(b"\r\n"), 5), 16):
+                body += (await reader.readexactly(size + 2))[:-2]
+            assert await reader.readexactly(2) == b"\r\n"
+        else:
+            body = await asyncio.wait_for(reader.readexactly(int(fields[b"content-length"])), 5)
+        bodies.append(body)
     return bodies
 
 

@@ -1,7 +1,8 @@
 """A client's request as the router's server (router/connections.py) hands it
 to a handler, and what a handler answers: a `web.Response` the server writes,
-or `Streamed`, for an answer the handler wrote itself through `stream_head`,
-`stream_write` and `stream_end`."""
+or `Streamed`, for an answer the handler wrote itself through `stream_head`
+and `stream_write` (the server ends it, with `stream_end`, once the handler
+returns)."""
 
 from __future__ import annotations
 
@@ -187,6 +188,9 @@ class Incoming:
             self.transport.write(self.framed(data))
 
     def stream_end(self) -> None:
+        """The server's, once the handler returned: a handler calling it too
+        would send a second last chunk, which the client would read as the
+        start of the next answer."""
         if self.chunked and not self.transport.is_closing():
             self.transport.write(b"0\r\n\r\n")
 
