@@ -41,8 +41,12 @@ _MAX_HEAD_BYTES = MAX_LINE_BYTES * (MAX_HEADERS + 1)
 # keepalive_timeout).
 KEEPALIVE_SECONDS = 75.0
 # Pipelined requests parsed ahead of the one being answered, before the
-# connection stops reading.
+# connection holds what comes next unparsed; and how much it holds before it
+# stops reading. Held rather than unread: a connection that stops reading
+# does not notice its client leave (until its next write fails), and so does
+# not cancel the request under way, nor the engine's.
 _AHEAD = 4
+_HELD_BYTES = 64 * 1024
 
 
 def canned(status: int, reason: str, message: str, *, extra: bytes = b"") -> bytes:
@@ -133,6 +137,8 @@ class ClientConnection(asyncio.Protocol):
         self._closing = False  # no request after the ones parsed
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
+        self._holding = False  # `_AHEAD` requests queued: bytes are held, not parsed
+        self._held = bytearray()
         self._reading_paused = False
         # Answered before its body came: the body is read and dropped, by a
         # deadline, so the connection serves on.
@@ -168,12 +174,21 @@ class ClientConnection(asyncio.Protocol):
             # The client is gone: so is its request (a read of its body too).
             self._task.cancel()
         self._queued.clear()
+        self._held.clear()
         drained = self._drained
         if drained is not None and not drained.done():
             drained.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
+            return
+        if self._holding:
+            held = self._held
+            held += data
+            if len(held) > _HELD_BYTES and not self._reading_paused:
+                self._reading_paused = True
+                assert self.transport is not None
+                self.transport.pause_reading()
             return
         try:
             if self._in_head:
@@ -302,9 +317,8 @@ class ClientConnection(asyncio.Protocol):
             self._start(request)
         else:
             self._queued.append(request)
-            if len(self._queued) >= _AHEAD and not self._reading_paused:
-                self._reading_paused = True
-                self.transport.pause_reading()
+            if len(self._queued) >= _AHEAD:
+                self._holding = True  # the rest of this read is parsed still
 
     def on_body(self, body: bytes) -> None:
         parsing = self._parsing
@@ -386,10 +400,9 @@ class ClientConnection(asyncio.Protocol):
             )
             transport.write(head if request.head_only or not data else head + data)
         if more:
-            if self._reading_paused:
-                self._reading_paused = False
-                transport.resume_reading()
             self._start(self._queued.popleft())
+            if self._holding:
+                self._release()
         elif last:
             self._closing = True
             self._queued.clear()
@@ -402,6 +415,19 @@ class ClientConnection(asyncio.Protocol):
             )
         else:
             self._idle_since = self._loop.time()
+
+    def _release(self) -> None:
+        """Parse what was held (after the next request started, so what it
+        parses queues behind it), and read again."""
+        self._holding = False
+        if self._reading_paused:
+            self._reading_paused = False
+            assert self.transport is not None
+            self.transport.resume_reading()
+        if self._held:
+            held = bytes(self._held)
+            self._held.clear()
+            self.data_received(held)
 
     def _refuse_after(self, words: bytes | None) -> None:
         """Say `words` (if any) and close, once the answers before are out."""
