@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -25,9 +27,10 @@ from multidict import CIMultiDict
 
 from shoal.router import connections
 from shoal.router.connections import HttpServer
-from shoal.router.incoming import Answer, Incoming, Streamed
+from shoal.router.incoming import Answer, Handler, Incoming, Streamed
 
 MAX_BODY = 4096
+Connected = tuple[HttpServer, asyncio.StreamReader, asyncio.StreamWriter]
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,21 @@ async def _slow_echo(request: Incoming) -> Answer:
     return await _echo(request)
 
 
+@asynccontextmanager
+async def _connected(handler: Handler) -> AsyncIterator[Connected]:
+    """A server for `handler` on a loopback port, and a client connected to it."""
+    served = HttpServer(handler, header_seconds=5, max_connections=4, client_max_size=MAX_BODY)
+    listener = await asyncio.get_running_loop().create_server(served, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        yield served, reader, writer
+    finally:
+        writer.close()
+        listener.close()
+        await served.shutdown(1)
+
+
 async def _answers(reader: asyncio.StreamReader, count: int) -> list[bytes]:
     bodies = []
     for _ in range(count):
@@ -134,13 +152,7 @@ def test_any_cut_of_pipelined_framed_requests_is_answered_whole_and_in_order(
     writes = _split(len(stream), [c % (len(stream) + 1) for c in cuts])
 
     async def run() -> list[bytes]:
-        served = HttpServer(
-            _slow_echo, header_seconds=5, max_connections=4, client_max_size=MAX_BODY
-        )
-        listener = await asyncio.get_running_loop().create_server(served, "127.0.0.1", 0)
-        port = listener.sockets[0].getsockname()[1]
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
+        async with _connected(_slow_echo) as (_, reader, writer):
             at = 0
             for size in writes:
                 writer.write(stream[at : at + size])
@@ -150,12 +162,7 @@ def test_any_cut_of_pipelined_framed_requests_is_answered_whole_and_in_order(
             answers = await _answers(reader, len(sent))
             # The connection serves on after all of it.
             writer.write(b"GET /after HTTP/1.1\r\nHost: x\r\n\r\n")
-            answers += await _answers(reader, 1)
-            return answers
-        finally:
-            writer.close()
-            listener.close()
-            await served.shutdown(1)
+            return answers + await _answers(reader, 1)
 
     expected = [r.expected() for r in sent] + [Sent(b"GET", b"/after", b"", None, False).expected()]
     assert asyncio.run(run()) == expected
@@ -184,26 +191,18 @@ def test_a_client_gone_at_any_byte_leaves_no_request_running(sent: list[Sent], c
             running.discard(task)
 
     async def run() -> tuple[int, int, int]:
-        served = HttpServer(
-            engine_thinking, header_seconds=5, max_connections=4, client_max_size=MAX_BODY
-        )
-        listener = await asyncio.get_running_loop().create_server(served, "127.0.0.1", 0)
-        port = listener.sockets[0].getsockname()[1]
-        _, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(stream)
-        await writer.drain()
-        for _ in range(20):  # the server has read it all
-            await asyncio.sleep(0)
-        started = len(running)
-        writer.transport.abort()
-        for _ in range(200):  # the server sees the reset within a few loop turns
-            if not served.connections and not running:
-                break
-            await asyncio.sleep(0.005)
-        left = len(served.connections), len(running)
-        listener.close()
-        await served.shutdown(0)
-        return started, *left
+        async with _connected(engine_thinking) as (served, _, writer):
+            writer.write(stream)
+            await writer.drain()
+            for _ in range(20):  # the server has read it all
+                await asyncio.sleep(0)
+            started = len(running)
+            writer.transport.abort()
+            for _ in range(200):  # the server sees the reset within a few loop turns
+                if not served.connections and not running:
+                    break
+                await asyncio.sleep(0.005)
+            return started, len(served.connections), len(running)
 
     started, connections, handlers = asyncio.run(run())
     assert (connections, handlers) == (0, 0), started
@@ -217,20 +216,10 @@ def test_pipelined_requests_past_what_the_server_holds_are_all_answered() -> Non
     assert len(stream) > 2 * connections._HELD_BYTES
 
     async def run() -> list[bytes]:
-        served = HttpServer(
-            _slow_echo, header_seconds=5, max_connections=4, client_max_size=MAX_BODY
-        )
-        listener = await asyncio.get_running_loop().create_server(served, "127.0.0.1", 0)
-        port = listener.sockets[0].getsockname()[1]
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
+        async with _connected(_slow_echo) as (_, reader, writer):
             for at in range(0, len(stream), 4096):  # read by the server write by write
                 writer.write(stream[at : at + 4096])
                 await asyncio.sleep(0)
             return await _answers(reader, len(sent))
-        finally:
-            writer.close()
-            listener.close()
-            await served.shutdown(1)
 
     assert asyncio.run(run()) == [r.expected() for r in sent]
