@@ -137,8 +137,7 @@ class ClientConnection(asyncio.Protocol):
         self._closing = False  # no request after the ones parsed
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
-        self._holding = False  # `_AHEAD` requests queued: bytes are held, not parsed
-        self._held = bytearray()
+        self._held = bytearray()  # read while `_AHEAD` requests are queued, unparsed
         self._reading_paused = False
         # Answered before its body came: the body is read and dropped, by a
         # deadline, so the connection serves on.
@@ -182,7 +181,7 @@ class ClientConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return
-        if self._holding:
+        if len(self._queued) >= _AHEAD:
             held = self._held
             held += data
             if len(held) > _HELD_BYTES and not self._reading_paused:
@@ -316,9 +315,9 @@ class ClientConnection(asyncio.Protocol):
         if self._active is None:
             self._start(request)
         else:
+            # From `_AHEAD` queued on, later reads are held (the rest of this
+            # one is parsed still).
             self._queued.append(request)
-            if len(self._queued) >= _AHEAD:
-                self._holding = True  # the rest of this read is parsed still
 
     def on_body(self, body: bytes) -> None:
         parsing = self._parsing
@@ -401,7 +400,7 @@ class ClientConnection(asyncio.Protocol):
             transport.write(head if request.head_only or not data else head + data)
         if more:
             self._start(self._queued.popleft())
-            if self._holding:
+            if len(self._queued) < _AHEAD and (self._held or self._reading_paused):
                 self._release()
         elif last:
             self._closing = True
@@ -419,7 +418,6 @@ class ClientConnection(asyncio.Protocol):
     def _release(self) -> None:
         """Parse what was held (after the next request started, so what it
         parses queues behind it), and read again."""
-        self._holding = False
         if self._reading_paused:
             self._reading_paused = False
             assert self.transport is not None
