@@ -51,3 +51,16 @@ def test_requests_the_spec_sets_are_kept_and_only_the_missing_one_is_derived() -
     found = resources(spec)
     assert found["requests"] == {"cpu": "3", "memory": "152Gi"}
     assert found["limits"] == {"memory": "500Gi", "nvidia.com/gpu": "4"}
+
+
+def test_a_derived_request_never_exceeds_a_limit_the_spec_sets() -> None:
+    # The API server refuses a container whose request is above its limit: the
+    # StatefulSet would never be written. Capped at the limit, the request is what
+    # Kubernetes itself gives a container with only a limit.
+    spec = spec_of(
+        parallelism={"tensor": 4},
+        engine={"resources": {"limits": {"cpu": "2", "memory": "100Gi"}}},
+    )
+    found = resources(spec)
+    assert found["requests"] == {"cpu": "2", "memory": "100Gi"}
+    assert found["limits"] == {"cpu": "2", "memory": "100Gi", "nvidia.com/gpu": "4"}

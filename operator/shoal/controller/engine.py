@@ -139,11 +139,22 @@ def default_requests(spec: VLLMClusterSpec) -> dict[str, str]:
 def _resources(spec: VLLMClusterSpec) -> dict[str, Any]:
     resources = {key: dict(value) for key, value in (spec.engine.resources or {}).items()}
     requests = resources.setdefault("requests", {})
-    for key, value in default_requests(spec).items():
-        requests.setdefault(key, value)
     limits = resources.setdefault("limits", {})
+    for key, value in default_requests(spec).items():
+        requests.setdefault(key, _at_most(value, limits.get(key)))
     limits[spec.gpu.resource] = str(gpus_per_pod(spec))
     return resources
+
+
+def _at_most(derived: str, limit: Any) -> Any:
+    """A derived request capped at the spec's limit: the API server refuses a request
+    above its limit (a limit alone is also what Kubernetes requests by default)."""
+    if limit is None:
+        return derived
+    try:
+        return limit if parse_quantity(str(limit)) < parse_quantity(derived) else derived
+    except ValueError:  # the API server names the spec's malformed limit
+        return derived
 
 
 def _model_env(spec: VLLMClusterSpec) -> list[dict[str, Any]]:
