@@ -22,7 +22,7 @@ SCHEMA = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 ALLOWED = {
     "description", "type", "format", "default", "enum", "required", "properties", "items",
     "additionalProperties", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "minLength", "maxLength", "minItems", "maxItems", "pattern", "anyOf",
+    "minLength", "maxLength", "minItems", "maxItems", "maxProperties", "pattern", "anyOf",
     "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields",
     "x-kubernetes-list-type", "x-kubernetes-list-map-keys", "x-kubernetes-validations",
 }  # fmt: skip

@@ -10,6 +10,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from shoal.schema.model import ApiModel
+from shoal.schema.names import ObjectName
 from shoal.schema.quantity import Quantity
 
 DEFAULT_NODE_CACHE_PATH = "/var/lib/shoal/models"
@@ -20,10 +21,8 @@ class SharedCache(ApiModel):
     download Job (the shoal image's `shoal download`) before any engine starts,
     and mounted read-only by every engine pod, which loads it without the Hub."""
 
-    claim_name: str | None = Field(
+    claim_name: ObjectName | None = Field(
         default=None,
-        min_length=1,
-        max_length=253,
         description="An existing ReadWriteMany claim to use. Default: shoal makes "
         "<cluster>-models (size, storageClassName), deleted with the cluster.",
     )
@@ -32,9 +31,8 @@ class SharedCache(ApiModel):
         description="Size of the claim shoal makes: the model's files and some room "
         "(Llama 3.1 8B is 16 GB, 70B 141 GB, 405B FP8 410 GB).",
     )
-    storage_class_name: str | None = Field(
+    storage_class_name: ObjectName | None = Field(
         default=None,
-        max_length=253,
         description="StorageClass of the claim shoal makes; it must offer ReadWriteMany "
         "(NFS, CephFS, Filestore, EFS, Azure Files...). Default: the cluster's default class.",
     )

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import Field, JsonValue
 
 from shoal.schema.model import ApiModel
+from shoal.schema.names import Annotations, Labels, ObjectName
 
 # Passed-through Kubernetes objects (EnvVar, Volume, Toleration, Affinity,
 # ResourceRequirements, ...): the API server validates them where they land, in the pods.
@@ -41,23 +42,22 @@ ENV_VAR: JsonDict = {
 class PullSecret(ApiModel):
     """A Secret of type kubernetes.io/dockerconfigjson in the VLLMCluster's namespace."""
 
-    name: str = Field(min_length=1, max_length=253, description="Name of the Secret.")
+    name: ObjectName = Field(description="Name of the Secret.")
 
 
 class PodSettings(ApiModel):
     """Settings of the pods, added to what shoal sets. Labels and annotations shoal sets
     itself (its selectors, its hashes) win over these."""
 
-    labels: dict[str, str] = Field(
+    labels: Labels = Field(
         default_factory=dict, description="More labels on the pods (e.g. for cost reports)."
     )
-    annotations: dict[str, str] = Field(
+    annotations: Annotations = Field(
         default_factory=dict,
         description="More annotations on the pods (e.g. a service mesh's or Vault's).",
     )
-    service_account_name: str | None = Field(
+    service_account_name: ObjectName | None = Field(
         default=None,
-        max_length=253,
         description="ServiceAccount the pods run as, e.g. one bound to a cloud identity "
         "(workload identity) that reads weights from S3 or GCS. Default: the namespace's "
         "default for engines (with no API token mounted), the router's own for routers.",
@@ -68,12 +68,11 @@ class PodSettings(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "atomic"},
         description="Secrets to pull the image with, from a private registry.",
     )
-    priority_class_name: str | None = Field(
-        default=None, max_length=253, description="PriorityClass of the pods."
+    priority_class_name: ObjectName | None = Field(
+        default=None, description="PriorityClass of the pods."
     )
-    runtime_class_name: str | None = Field(
+    runtime_class_name: ObjectName | None = Field(
         default=None,
-        max_length=253,
         description="RuntimeClass of the pods (e.g. nvidia, where the GPU runtime is not "
         "containerd's default).",
     )
@@ -110,7 +109,7 @@ class RouterPodSettings(PodSettings):
     """Settings of the router pods, added to what shoal sets, and where they schedule
     (engines schedule by spec.placement)."""
 
-    node_selector: dict[str, str] = Field(
+    node_selector: Labels = Field(
         default_factory=dict, description="Node labels a router pod's node must have."
     )
     tolerations: list[KubeObject] = Field(

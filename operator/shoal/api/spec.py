@@ -26,6 +26,16 @@ from shoal.api.router import RouterSettings
 from shoal.planner.architecture import Attention, KVCacheDtype, WeightDtype
 from shoal.planner.presets import PresetName
 from shoal.schema.model import ApiModel
+from shoal.schema.names import (
+    Annotations,
+    DataKey,
+    ExtendedResource,
+    Image,
+    Labels,
+    LabelValue,
+    ObjectName,
+    QualifiedName,
+)
 from shoal.schema.quantity import Quantity
 
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
@@ -41,18 +51,14 @@ API_KEY_ENV = "VLLM_API_KEY"
 class SecretKeyRef(ApiModel):
     """A key of a Secret in the VLLMCluster's namespace."""
 
-    name: str = Field(min_length=1, max_length=253, description="Name of the Secret.")
-    key: str = Field(
-        default="token", min_length=1, max_length=253, description="Key within the Secret."
-    )
+    name: ObjectName = Field(description="Name of the Secret.")
+    key: DataKey = Field(default="token", description="Key within the Secret.")
 
 
 class PVCSource(ApiModel):
     """Model files on a PersistentVolumeClaim, mounted read-only into every engine pod."""
 
-    claim_name: str = Field(
-        min_length=1, max_length=253, description="Name of the PersistentVolumeClaim."
-    )
+    claim_name: ObjectName = Field(description="Name of the PersistentVolumeClaim.")
     path: str = Field(
         default="/",
         max_length=4096,
@@ -206,14 +212,12 @@ class GPUSpec(ApiModel):
     """The GPUs engine pods run on: what they request, where they schedule, and the
     memory the capacity planner assumes."""
 
-    resource: str = Field(
+    resource: ExtendedResource = Field(
         default="nvidia.com/gpu",
-        max_length=253,
         description="Extended resource the engine pods request, one per GPU.",
     )
-    product: str | None = Field(
+    product: LabelValue | None = Field(
         default=None,
-        max_length=253,
         description="Value of the node label nvidia.com/gpu.product to schedule on, "
         "e.g. NVIDIA-H100-80GB-HBM3. Default: any node with the resource.",
     )
@@ -322,7 +326,7 @@ class EngineSpec(ApiModel):
 class PlacementSpec(ApiModel):
     """Where engine pods may run, beyond the GPU product and the GPU taint."""
 
-    node_selector: dict[str, str] = Field(
+    node_selector: Labels = Field(
         default_factory=dict, description="Node labels an engine pod's node must have."
     )
     tolerations: list[KubeObject] = Field(
@@ -341,9 +345,8 @@ class PlacementSpec(ApiModel):
         description="Prefer putting different replicas on different nodes, so a node lost "
         "takes as few replicas as possible.",
     )
-    topology_key: str | None = Field(
+    topology_key: QualifiedName | None = Field(
         default=None,
-        max_length=316,
         description="Node label whose value the pods of one multi-node replica must share "
         "(e.g. a rack or NVLink domain label).",
     )
@@ -356,7 +359,7 @@ class ServiceSpec(ApiModel):
         default="ClusterIP", description="Service type."
     )
     port: int = Field(default=8000, ge=1, le=65535, description="Service port.")
-    annotations: dict[str, str] = Field(
+    annotations: Annotations = Field(
         default_factory=dict,
         description="Annotations of the Service, e.g. a cloud's internal load balancer annotation.",
     )
@@ -423,11 +426,9 @@ class WarmupPrompt(ApiModel):
 class ConfigMapKeyRef(ApiModel):
     """A key of a ConfigMap in the VLLMCluster's namespace."""
 
-    name: str = Field(min_length=1, max_length=253, description="Name of the ConfigMap.")
-    key: str = Field(
+    name: ObjectName = Field(description="Name of the ConfigMap.")
+    key: DataKey = Field(
         default="prompts.yaml",
-        min_length=1,
-        max_length=253,
         description="Key holding a YAML list of prompts, each {text: ...} or {messages: [...]}.",
     )
 
@@ -586,9 +587,7 @@ class VLLMClusterSpec(ApiModel):
     their defaults; a nested object's description comes from its model's docstring."""
 
     model: ModelSpec
-    image: str = Field(
-        default=DEFAULT_IMAGE, min_length=1, max_length=512, description="vLLM engine image."
-    )
+    image: Image = Field(default=DEFAULT_IMAGE, description="vLLM engine image.")
     replicas: int = Field(
         default=1,
         ge=0,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import types
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -95,10 +96,13 @@ def validate_name(name: str) -> list[SpecError]:
 
 
 def _schema_error(detail: ErrorDetails) -> SpecError:
-    path = ""
-    for part in detail["loc"]:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    loc = detail["loc"]
+    # A map's bad key ("labels", "a b", "[key]"): the map's field, and the key in the message.
+    is_key = loc[-1:] == ("[key]",)
+    path = _walk(loc[:-2] if is_key else loc)[0]
     message = str(detail["msg"]).removeprefix("Value error, ")
+    if is_key:
+        message = f"key {message}"
     if detail["type"] == "extra_forbidden":
         message = "unknown field: check its spelling against `kubectl explain vllmcluster.spec`"
         close = difflib.get_close_matches(str(detail["loc"][-1]), _fields_at(detail["loc"][:-1]))
@@ -109,6 +113,38 @@ def _schema_error(detail: ErrorDetails) -> SpecError:
     elif detail["type"] == "missing":
         message = "required field is missing"
     return SpecError(field=path, message=message, rule="schema")
+
+
+def _walk(loc: tuple[int | str, ...]) -> tuple[str, Any]:
+    """A pydantic location as a field path, list items and map keys in brackets
+    (spec.warmup.prompts[0].text, spec.engine.pod.labels[example.com/team]), as the
+    API server writes them in its CEL rules' errors (a key may hold dots); and the
+    type found there."""
+    path = ""
+    node: Any = VLLMCluster
+    for part in loc:
+        node = _unwrapped(node)
+        if isinstance(part, int) or typing.get_origin(node) in (dict, list):
+            path += f"[{part}]"
+            node = (typing.get_args(node) or (Any,))[-1]
+            continue
+        path += f".{part}" if path else part
+        fields = getattr(node, "model_fields", {})
+        found = next((f for n, f in fields.items() if part in (n, f.alias)), None)
+        node = found.annotation if found is not None else Any
+    return path, _unwrapped(node)
+
+
+def _unwrapped(annotation: Any) -> Any:
+    """The type inside Annotated[X, ...] and X | None."""
+    while True:
+        args = typing.get_args(annotation)
+        if typing.get_origin(annotation) is typing.Annotated:
+            annotation = args[0]
+        elif typing.get_origin(annotation) in (typing.Union, types.UnionType):
+            annotation = next(arg for arg in args if arg is not type(None))
+        else:
+            return annotation
 
 
 _BYTES = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKMGTPE])i?B\s*$")
@@ -126,27 +162,8 @@ def _quantity_fix(given: Any) -> str | None:
 
 def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
     """The camelCase field names the object at loc (a schema error's path) has."""
-    model: Any = VLLMCluster
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        fields = getattr(model, "model_fields", None)
-        if fields is None:
-            return []
-        found = next((f for n, f in fields.items() if part in (n, f.alias)), None)
-        if found is None:
-            return []
-        model = _model_of(found.annotation)
-    fields = getattr(model, "model_fields", None) or {}
+    fields = getattr(_walk(loc)[1], "model_fields", None) or {}
     return [f.alias or n for n, f in fields.items()]
-
-
-def _model_of(annotation: Any) -> Any:
-    """The model inside X | None or list[X]."""
-    for arg in typing.get_args(annotation):
-        if hasattr(arg, "model_fields") or typing.get_args(arg):
-            return _model_of(arg)
-    return annotation
 
 
 def validate_spec(spec: VLLMClusterSpec) -> list[SpecError]:
