@@ -32,7 +32,7 @@ from kubernetes.dynamic import DynamicClient
 from shoal.api import GROUP, PLURAL, VERSION
 from shoal.api.cel import RULES
 from shoal.api.resource import VLLMCluster
-from shoal.api.validation import validate_cluster
+from shoal.api.validation import MAX_NAME_LENGTH, validate_cluster
 from shoal.controller.cache import build_cache_claim, build_download_job
 from shoal.controller.desired import desired_fleet
 from shoal.controller.identity import ClusterRef, Manifest
@@ -115,6 +115,10 @@ LABEL_KEYS = Pool(
 RESOURCES = Pool(
     ("nvidia.com/gpu", "amd.com/gpu", "example.com/fpga_1"),
     ("gpu", "kubernetes.io/gpu", "requests.example.com/gpu", "Nvidia.com/gpu", "nvidia.com/"),
+)
+CLUSTER_NAMES = Pool(
+    ("gen", "g" * MAX_NAME_LENGTH, "a1-b2"),
+    ("1gen", "Gen", "g" * (MAX_NAME_LENGTH + 1), "gen-", "g.en"),
 )
 IMAGES = Pool(
     ("vllm/vllm-openai:v0.32.0", "registry.local:5000/vllm@sha256:" + "0" * 64),
@@ -215,10 +219,17 @@ def manifests(draw: st.DrawFn, hostile_one_in: int | None) -> Manifest:
     _maybe(draw, spec, "parallelism", parallelism)
     prompts = st.fixed_dictionaries({"name": names}, optional={"key": keys})
     _maybe(draw, spec, "warmup", _one("configMap", prompts))
+    bounds = st.fixed_dictionaries(
+        {"minReplicas": st.sampled_from([0, 1, 2]), "maxReplicas": st.sampled_from([1, 4])}
+    )
+    _maybe(draw, spec, "autoscaling", bounds)
+    _maybe(draw, router, "maxUnavailable", st.sampled_from([1, 3]))
+    _maybe(draw, router, "queue", _one("zeroReplicaWaitSeconds", st.sampled_from([0, 120])))
+    _maybe(draw, spec, "rollout", _one("maxUnavailable", st.sampled_from([1, 2])))
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "VLLMCluster",
-        "metadata": {"name": "gen"},
+        "metadata": {"name": draw(pick(CLUSTER_NAMES))},
         "spec": spec,
     }
 
