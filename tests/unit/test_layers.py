@@ -33,6 +33,7 @@ PURE_CONTROLLER = (
     "events",
     "failures",
     "identity",
+    "mounts",
     "names",
     "observe",
     "placement",

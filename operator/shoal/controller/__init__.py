@@ -7,7 +7,7 @@ decisions; the I/O modules carry them out, driven by kopf handlers that
 
 Pure (no I/O, and no kopf, aiohttp, httpx or kr8s loaded by importing them):
 builders `engine`, `router`, `services`, `desired` (with `identity`, `names`,
-`placement` and `pods`; `cache`: the model cache's claim and Job); decisions
+`placement`, `pods` and `mounts`; `cache`: the model cache's claim and Job); decisions
 `observe` (listed objects -> facts), `decide`
 (facts -> actions, with `rollout`: deadlines and rollbacks) and `status`
 (facts and actions -> status), with `restarts` and `failures` (containers'

@@ -21,11 +21,12 @@ from typing import Any
 from shoal.api.cache import DownloadState, DownloadStatus
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import ConditionStatus
+from shoal.controller import mounts
 from shoal.controller.identity import ClusterRef, Manifest, object_meta
 from shoal.controller.names import cluster_labels
 from shoal.download.progress import PROGRESS_PATH, PROGRESS_PORT, Progress, describe
 
-CACHE_MOUNT = "/models"
+CACHE_MOUNT = mounts.SHARED_CACHE.path
 COMPONENT_DOWNLOAD = "download"
 # What the Job controller labels its pods with.
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
@@ -153,7 +154,7 @@ def build_download_job(
         "env": token_env(spec) + list(spec.engine.env),
         "resources": DOWNLOAD_RESOURCES,
         "ports": [{"name": "progress", "containerPort": PROGRESS_PORT, "protocol": "TCP"}],
-        "volumeMounts": [{"name": "models", "mountPath": CACHE_MOUNT}],
+        "volumeMounts": [{"name": mounts.SHARED_CACHE.name, "mountPath": CACHE_MOUNT}],
         # The downloader's last line says what to change (a 401: the token).
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -165,7 +166,10 @@ def build_download_job(
         "automountServiceAccountToken": False,
         "containers": [container],
         "volumes": [
-            {"name": "models", "persistentVolumeClaim": {"claimName": claim_name(ref, spec)}}
+            {
+                "name": mounts.SHARED_CACHE.name,
+                "persistentVolumeClaim": {"claimName": claim_name(ref, spec)},
+            }
         ],
     }
     if pull_secrets:

@@ -13,7 +13,7 @@ from typing import Any
 
 from shoal.api.capacity import resolve_architecture
 from shoal.api.spec import API_KEY_ENV, VLLMClusterSpec
-from shoal.controller import cache, placement
+from shoal.controller import cache, mounts, placement
 from shoal.controller.identity import ClusterRef, Manifest, object_meta
 from shoal.controller.names import (
     COMPONENT_ENGINE,
@@ -36,8 +36,8 @@ from shoal.schema.quantity import parse_quantity
 
 GiB = 1 << 30
 
-MODEL_MOUNT = "/models"
-HF_HOME = "/cache/huggingface"
+MODEL_MOUNT = mounts.MODEL.path
+HF_HOME = mounts.HF_CACHE.path
 # vLLM answers /health only once the model is loaded; the startup probe's
 # budget (health.startupTimeoutSeconds) is spent in steps of this period.
 STARTUP_PROBE_PERIOD_SECONDS = 10
@@ -186,13 +186,13 @@ def _volumes(
     node with a node cache), and the shared cache's claim."""
     # Memory-backed: the container runtime's 64Mi /dev/shm is too small for NCCL.
     shm = {"medium": "Memory", "sizeLimit": spec.engine.shm_size}
-    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": shm}]
-    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes: list[dict[str, Any]] = [{"name": mounts.SHM.name, "emptyDir": shm}]
+    mounted: list[dict[str, Any]] = [mounts.SHM.volume_mount()]
     source = spec.model.source
     if source is not None and source.pvc is not None:
         claim = {"claimName": source.pvc.claim_name, "readOnly": True}
-        volumes.append({"name": "model", "persistentVolumeClaim": claim})
-        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+        volumes.append({"name": mounts.MODEL.name, "persistentVolumeClaim": claim})
+        mounted.append(mounts.MODEL.volume_mount(read_only=True))
     else:
         host = cache.node_cache_path(spec)
         # On the node, so a restarted or rolled pod there finds the files.
@@ -201,13 +201,13 @@ def _volumes(
             if host is not None
             else {"emptyDir": {}}
         )
-        volumes.append({"name": "hf-cache", **hf_cache})
-        mounts.append({"name": "hf-cache", "mountPath": HF_HOME})
+        volumes.append({"name": mounts.HF_CACHE.name, **hf_cache})
+        mounted.append(mounts.HF_CACHE.volume_mount())
     if cache.uses_shared(spec):
         claim = {"claimName": cache.claim_name(ref, spec), "readOnly": True}
-        volumes.append({"name": "models", "persistentVolumeClaim": claim})
-        mounts.append({"name": "models", "mountPath": cache.CACHE_MOUNT, "readOnly": True})
-    return volumes, mounts
+        volumes.append({"name": mounts.SHARED_CACHE.name, "persistentVolumeClaim": claim})
+        mounted.append(mounts.SHARED_CACHE.volume_mount(read_only=True))
+    return volumes, mounted
 
 
 def _health_probe(period: int, failures: int) -> dict[str, Any]:

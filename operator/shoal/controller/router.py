@@ -11,6 +11,7 @@ from typing import Any
 
 from shoal.api.router import INTERNAL_PORT
 from shoal.api.spec import VLLMClusterSpec
+from shoal.controller import mounts
 from shoal.controller.identity import ClusterRef, Manifest, object_meta
 from shoal.controller.names import (
     ANNOTATION_ROUTER_CONFIG_HASH,
@@ -26,10 +27,10 @@ from shoal.controller.names import (
 from shoal.controller.pods import with_pod_settings
 from shoal.router.config import RouterConfig
 
-CONFIG_DIR = "/etc/shoal/router"
+CONFIG_DIR = mounts.ROUTER_CONFIG.path
 CONFIG_FILE = "router.json"
-API_KEYS_DIR = "/etc/shoal/api-keys"
-ENGINE_KEY_DIR = "/etc/shoal/engine-key"
+API_KEYS_DIR = mounts.API_KEYS.path
+ENGINE_KEY_DIR = mounts.ENGINE_KEY.path
 
 
 def router_config(spec: VLLMClusterSpec) -> RouterConfig:
@@ -171,18 +172,21 @@ def build_router_deployment(
         args += ["--peer-selector", selector_text(router_selector(ref.name))]
         env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5}
-    mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
-    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": name}}]
+    mounted = [mounts.ROUTER_CONFIG.volume_mount(read_only=True)]
+    volumes: list[dict[str, Any]] = [
+        {"name": mounts.ROUTER_CONFIG.name, "configMap": {"name": name}}
+    ]
     if router.api_key_secret is not None:
         args += ["--api-key-file", f"{API_KEYS_DIR}/{router.api_key_secret.key}"]
-        mounts.append({"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True})
-        volumes.append({"name": "api-keys", "secret": {"secretName": router.api_key_secret.name}})
+        mounted.append(mounts.API_KEYS.volume_mount(read_only=True))
+        secret = {"secretName": router.api_key_secret.name}
+        volumes.append({"name": mounts.API_KEYS.name, "secret": secret})
     engine_key = spec.engine.api_key_secret
     if engine_key is not None:
         # A mounted file, re-read when kubelet updates it (router/keys.py).
         args += ["--engine-key-file", f"{ENGINE_KEY_DIR}/{engine_key.key}"]
-        mounts.append({"name": "engine-key", "mountPath": ENGINE_KEY_DIR, "readOnly": True})
-        volumes.append({"name": "engine-key", "secret": {"secretName": engine_key.name}})
+        mounted.append(mounts.ENGINE_KEY.volume_mount(read_only=True))
+        volumes.append({"name": mounts.ENGINE_KEY.name, "secret": {"secretName": engine_key.name}})
     container: dict[str, Any] = {
         "name": "router",
         "image": image,
@@ -199,7 +203,7 @@ def build_router_deployment(
         # (imports, config) outlasted liveness's 15 s and kubelet killed it
         # over and over (the testbed's real node, tests/node).
         "startupProbe": {**probe, "periodSeconds": 2, "failureThreshold": 90},
-        "volumeMounts": mounts,
+        "volumeMounts": mounted,
     }
     if env:
         container["env"] = env
