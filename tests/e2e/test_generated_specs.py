@@ -124,6 +124,8 @@ IMAGES = Pool(
     ("vllm/vllm-openai:v0.32.0", "registry.local:5000/vllm@sha256:" + "0" * 64),
     (" vllm/vllm-openai", "vllm/vllm-openai:v0.32.0 ", ""),
 )
+VOLUME_NAMES = ("scratch", "data", "tmp", "models", "model", "dshm", "hf-cache", "config")
+MOUNT_PATHS = ("/scratch", "/data", "/tmp/x", "/models", "/dev/shm", "/etc/shoal/router")
 MODELS = st.sampled_from(
     [
         "meta-llama/Llama-3.1-8B-Instruct",
@@ -161,6 +163,15 @@ def _pod(draw: st.DrawFn, pick: Pick, *, router: bool) -> dict[str, Any]:
     _maybe(draw, pod, "imagePullSecrets", st.lists(names, max_size=2))
     if router:
         _maybe(draw, pod, "nodeSelector", _labels(pick, pick(LABEL_VALUES)))
+    # The user's own volumes, valid and mounted once each, but named or mounted where a
+    # user might well choose to: as shoal's own are.
+    volumes = draw(st.lists(st.sampled_from(VOLUME_NAMES), max_size=2, unique=True))
+    volumes = volumes if draw(st.booleans()) else []
+    paths = draw(st.lists(st.sampled_from(MOUNT_PATHS), min_size=len(volumes), unique=True))
+    if volumes:
+        pod["volumes"] = [{"name": name, "emptyDir": {}} for name in volumes]
+        mounts = zip(volumes, paths, strict=False)
+        pod["volumeMounts"] = [{"name": name, "mountPath": path} for name, path in mounts]
     return pod
 
 
@@ -292,7 +303,7 @@ def test_admission_and_shoal_plan_agree_on_names_keys_and_labels(
     check(server, manifest)
 
 
-@_settings(150)
+@_settings(250)
 @given(manifest=manifests(hostile_one_in=None))
 def test_what_shoal_writes_for_a_valid_manifest_the_api_server_accepts(
     server: Server, manifest: Manifest

@@ -13,7 +13,14 @@ from typing import Any
 
 from shoal.api.flags import managed_pattern
 from shoal.api.spec import API_KEY_ENV, MAX_REPLICAS
-from shoal.api.validation import MANAGED_ENV_MESSAGE, MAX_NAME_LENGTH, NAME_PATTERN
+from shoal.api.validation import (
+    MANAGED_ENV_MESSAGE,
+    MAX_NAME_LENGTH,
+    NAME_PATTERN,
+    OWN_MOUNTS,
+    own_mounts_message,
+)
+from shoal.controller.mounts import Mount
 from shoal.planner.presets import PRESETS, REPOSITORY_PRESETS
 
 
@@ -102,6 +109,17 @@ def _format(template: str, *values: str) -> str:
     treats `'..' + string(n)` as unbounded, but not format()."""
     quoted = template.replace("'", "\\'")
     return f"'{quoted}'.format([{', '.join(values)}])"
+
+
+def _keeps_off(own: tuple[Mount, ...]) -> str:
+    """Pod settings whose volumes and mounts take none of shoal's own names and paths."""
+    names = ", ".join(f"'{name}'" for name in sorted({mount.name for mount in own}))
+    paths = ", ".join(f"'{path}'" for path in sorted({mount.path for mount in own}))
+    return (
+        f"(!has(self.volumes) || self.volumes.all(v, !has(v.name) || !(v.name in [{names}]))) "
+        "&& (!has(self.volumeMounts) || self.volumeMounts.all(m, !has(m.mountPath) || "
+        f"!(m.mountPath in [{paths}])))"
+    )
 
 
 RULES: tuple[CelRule, ...] = (
@@ -329,6 +347,15 @@ RULES: tuple[CelRule, ...] = (
         location="engine.env",
         expression=f"self.all(env, !has(env.name) || env.name != '{API_KEY_ENV}')",
         message=MANAGED_ENV_MESSAGE,
+    ),
+    *(
+        CelRule(
+            rule=rule,
+            location=field.removeprefix("spec."),
+            expression=_keeps_off(own),
+            message=own_mounts_message(field),
+        )
+        for field, (rule, own) in OWN_MOUNTS.items()
     ),
     CelRule(
         rule="router-timeouts",

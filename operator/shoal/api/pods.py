@@ -39,6 +39,26 @@ ENV_VAR: JsonDict = {
 }
 
 
+# Volumes and mounts kept as given, their name and path typed so that CEL rules can
+# keep them off shoal's own (controller.mounts).
+VOLUME: JsonDict = {
+    **PASS_THROUGH,
+    "properties": {
+        "name": {"type": "string", "maxLength": 253, "description": "Name of the volume."}
+    },
+}
+VOLUME_MOUNT: JsonDict = {
+    **PASS_THROUGH,
+    "properties": {
+        "mountPath": {
+            "type": "string",
+            "maxLength": 4096,
+            "description": "Path in the container the volume is mounted at.",
+        }
+    },
+}
+
+
 class PullSecret(ApiModel):
     """A Secret of type kubernetes.io/dockerconfigjson in the VLLMCluster's namespace."""
 
@@ -78,13 +98,13 @@ class PodSettings(ApiModel):
     )
     volumes: list[KubeObject] = Field(
         default_factory=list,
-        json_schema_extra=pass_through_list(64),
+        json_schema_extra=pass_through_list(64, VOLUME),
         description="More volumes of the pods (Kubernetes Volume objects); mount them with "
         "volumeMounts.",
     )
     volume_mounts: list[KubeObject] = Field(
         default_factory=list,
-        json_schema_extra=pass_through_list(64),
+        json_schema_extra=pass_through_list(64, VOLUME_MOUNT),
         description="More mounts of the main container (Kubernetes VolumeMount objects).",
     )
     env_from: list[KubeObject] = Field(

@@ -20,6 +20,7 @@ from shoal.api.capacity import RULE_FIELDS, layout_of, plan_spec
 from shoal.api.flags import refused_args
 from shoal.api.resource import VLLMCluster
 from shoal.api.spec import API_KEY_ENV, MAX_REPLICAS, VLLMClusterSpec
+from shoal.controller.mounts import ENGINE_MOUNTS, ROUTER_MOUNTS, Mount
 from shoal.controller.names import DNS_LABEL_MAX, max_cluster_name_length, worker_set_name
 from shoal.planner.plan import layout_refusals
 
@@ -35,6 +36,25 @@ MANAGED_ENV_MESSAGE = (
     f"spec.engine.env must not set {API_KEY_ENV}: put the key in a Secret and name it in "
     "spec.engine.apiKeySecret, so that the router and the operator send it too"
 )
+
+
+# The pods' settings whose volumes and mounts must keep off shoal's own: by field,
+# the rule's id and shoal's volumes there.
+OWN_MOUNTS: dict[str, tuple[str, tuple[Mount, ...]]] = {
+    "spec.engine.pod": ("engine-mounts", ENGINE_MOUNTS),
+    "spec.router.pod": ("router-mounts", ROUTER_MOUNTS),
+}
+
+
+def own_mounts_message(field: str) -> str:
+    own = OWN_MOUNTS[field][1]
+    names = ", ".join(mount.name for mount in own)
+    paths = ", ".join(sorted({mount.path for mount in own}))
+    return (
+        f"{field} must not name a volume {names}, or mount one at {paths}: shoal's own "
+        "volumes take those names and paths, and a pod may not have two of one name or "
+        "two mounts at one path; give yours others"
+    )
 
 
 @dataclass(frozen=True)
@@ -349,6 +369,18 @@ def _autoscaling(spec: VLLMClusterSpec) -> list[SpecError]:
     return errors
 
 
+def _mounts(spec: VLLMClusterSpec) -> list[SpecError]:
+    errors = []
+    for field, pod in (("spec.engine.pod", spec.engine.pod), ("spec.router.pod", spec.router.pod)):
+        rule, own = OWN_MOUNTS[field]
+        if pod is not None and (
+            any(volume.get("name") in {mount.name for mount in own} for volume in pod.volumes)
+            or any(m.get("mountPath") in {mount.path for mount in own} for m in pod.volume_mounts)
+        ):
+            errors.append(SpecError(field, own_mounts_message(field), rule))
+    return errors
+
+
 def _planner_errors(spec: VLLMClusterSpec) -> list[SpecError]:
     """The planner's refusals; without an architecture, the layout rules needing none."""
     capacity = plan_spec(spec)
@@ -362,4 +394,14 @@ def _planner_errors(spec: VLLMClusterSpec) -> list[SpecError]:
     ]
 
 
-_CHECKS = (_source, _cache, _architecture, _engine, _router, _warmup, _health, _autoscaling)
+_CHECKS = (
+    _source,
+    _cache,
+    _architecture,
+    _engine,
+    _mounts,
+    _router,
+    _warmup,
+    _health,
+    _autoscaling,
+)
