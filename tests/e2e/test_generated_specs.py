@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -96,13 +96,9 @@ class Pool:
     valid: tuple[Any, ...]
     hostile: tuple[Any, ...]
 
-    def values(self, hostile_one_in: int | None) -> st.SearchStrategy[Any]:
-        """A valid value, or one time in hostile_one_in a hostile one (never, for None)."""
-        if hostile_one_in is None:
-            return st.sampled_from(self.valid)
-        return st.integers(1, hostile_one_in).flatmap(
-            lambda n: st.sampled_from(self.hostile if n == 1 else self.valid)
-        )
+    def values(self, hostile: bool) -> st.SearchStrategy[Any]:
+        """A valid value, or (hostile) a valid or a hostile one."""
+        return st.sampled_from(self.valid + self.hostile if hostile else self.valid)
 
 
 OBJECT_NAMES = Pool(("hf-token", "models", "a.b-c", "x9"), ("Models", "a b", "-x", "a_b", ""))
@@ -116,6 +112,8 @@ RESOURCES = Pool(
     ("nvidia.com/gpu", "amd.com/gpu", "example.com/fpga_1"),
     ("gpu", "kubernetes.io/gpu", "requests.example.com/gpu", "Nvidia.com/gpu", "nvidia.com/"),
 )
+NODE_PATHS = Pool(("/var/lib/models", "/mnt/nvme/hf", "/a:b"), ("m", "/", "/var/../etc", "/x/.."))
+MODEL_PATHS = Pool(("/", "llama-3.1-8b", "/org/model/", "a..b"), ("../x", "/a/../../b", ".."))
 CLUSTER_NAMES = Pool(
     ("gen", "g" * MAX_NAME_LENGTH, "a1-b2"),
     ("1gen", "Gen", "g" * (MAX_NAME_LENGTH + 1), "gen-", "g.en"),
@@ -123,6 +121,17 @@ CLUSTER_NAMES = Pool(
 IMAGES = Pool(
     ("vllm/vllm-openai:v0.32.0", "registry.local:5000/vllm@sha256:" + "0" * 64),
     (" vllm/vllm-openai", "vllm/vllm-openai:v0.32.0 ", ""),
+)
+POOLS = (
+    OBJECT_NAMES,
+    DATA_KEYS,
+    LABEL_VALUES,
+    LABEL_KEYS,
+    RESOURCES,
+    NODE_PATHS,
+    MODEL_PATHS,
+    CLUSTER_NAMES,
+    IMAGES,
 )
 VOLUME_NAMES = ("scratch", "data", "tmp", "models", "model", "dshm", "hf-cache", "config")
 MOUNT_PATHS = ("/scratch", "/data", "/tmp/x", "/models", "/dev/shm", "/etc/shoal/router")
@@ -176,20 +185,22 @@ def _pod(draw: st.DrawFn, pick: Pick, *, router: bool) -> dict[str, Any]:
 
 
 @st.composite
-def manifests(draw: st.DrawFn, hostile_one_in: int | None) -> Manifest:
-    """A manifest; its names, keys and labels hostile one time in hostile_one_in each."""
+def manifests(draw: st.DrawFn, hostile: bool) -> Manifest:
+    """A manifest whose values are all valid, or (hostile) whose values of one pool
+    may be hostile: one kind of mistake at a time, so that each is seen on its own."""
+    target = draw(st.sampled_from(POOLS)) if hostile else None
 
     def pick(pool: Pool) -> st.SearchStrategy[Any]:
-        return pool.values(hostile_one_in)
+        return pool.values(pool is target)
 
     names, keys, labels = pick(OBJECT_NAMES), pick(DATA_KEYS), pick(LABEL_VALUES)
     secret = st.fixed_dictionaries({"name": names}, optional={"key": keys})
     model: dict[str, Any] = {"name": draw(MODELS)}
     hub = st.fixed_dictionaries({}, optional={"tokenSecret": secret})
-    claim = st.fixed_dictionaries({"claimName": names})
+    claim = st.fixed_dictionaries({"claimName": names, "path": pick(MODEL_PATHS)})
     _maybe(draw, model, "source", st.one_of(_one("hf", hub), _one("pvc", claim)))
     shared = st.fixed_dictionaries({}, optional={"claimName": names, "storageClassName": names})
-    node = st.fixed_dictionaries({}, optional={"path": st.sampled_from(["/models", "m"])})
+    node = st.fixed_dictionaries({"path": pick(NODE_PATHS)})
     _maybe(draw, model, "cache", st.one_of(_one("shared", shared), _one("node", node)))
     engine: dict[str, Any] = {"pod": _pod(draw, pick, router=False)}
     _maybe(draw, engine, "maxModelLen", st.sampled_from([4096, 131072, 10**6]))
@@ -295,8 +306,42 @@ def _settings(examples: int) -> settings:
     )
 
 
-@_settings(300)
-@given(manifest=manifests(hostile_one_in=30))
+def _manifest(**spec: Any) -> Manifest:
+    body = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, **spec}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "VLLMCluster",
+        "metadata": {"name": "gen"},
+        "spec": body,
+    }
+
+
+# What the generated manifests found admitted, then refused in a StatefulSet,
+# kept as examples so that each is checked on every run.
+FOUND = (
+    _manifest(engine={"apiKeySecret": {"name": "Models"}}),
+    _manifest(gpu={"resource": "gpu"}),
+    _manifest(engine={"pod": {"labels": {"a b": "x"}}}),
+    _manifest(engine={"resources": {"limits": {"cpu": "1"}}}),
+    _manifest(engine={"pod": {"volumes": [{"name": "models", "emptyDir": {}}]}}),
+    _manifest(
+        model={
+            "name": "meta-llama/Llama-3.1-8B-Instruct",
+            "cache": {"node": {"path": "/var/../etc"}},
+        }
+    ),
+)
+
+
+def _found(test: Any) -> Any:
+    for manifest in FOUND:
+        test = example(manifest=manifest)(test)
+    return test
+
+
+@_settings(600)
+@given(manifest=manifests(hostile=True))
+@_found
 def test_admission_and_shoal_plan_agree_on_names_keys_and_labels(
     server: Server, manifest: Manifest
 ) -> None:
@@ -304,7 +349,7 @@ def test_admission_and_shoal_plan_agree_on_names_keys_and_labels(
 
 
 @_settings(250)
-@given(manifest=manifests(hostile_one_in=None))
+@given(manifest=manifests(hostile=False))
 def test_what_shoal_writes_for_a_valid_manifest_the_api_server_accepts(
     server: Server, manifest: Manifest
 ) -> None:

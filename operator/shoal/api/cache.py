@@ -10,7 +10,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from shoal.schema.model import ApiModel
-from shoal.schema.names import ObjectName
+from shoal.schema.names import HostPath, ObjectName
 from shoal.schema.quantity import Quantity
 
 DEFAULT_NODE_CACHE_PATH = "/var/lib/shoal/models"
@@ -49,11 +49,8 @@ class NodeCache(ApiModel):
     Face cache: the first engine on a node downloads the model, later engines
     and restarted ones on that node load it from disk."""
 
-    path: str = Field(
+    path: HostPath = Field(
         default=DEFAULT_NODE_CACHE_PATH,
-        min_length=2,
-        max_length=4096,
-        pattern=r"^/",
         description="Absolute directory on the node (made if missing). Use a disk "
         "large enough for every model the node serves.",
     )

@@ -35,6 +35,7 @@ from shoal.schema.names import (
     LabelValue,
     ObjectName,
     QualifiedName,
+    VolumePath,
 )
 from shoal.schema.quantity import Quantity
 
@@ -59,9 +60,8 @@ class PVCSource(ApiModel):
     """Model files on a PersistentVolumeClaim, mounted read-only into every engine pod."""
 
     claim_name: ObjectName = Field(description="Name of the PersistentVolumeClaim.")
-    path: str = Field(
+    path: VolumePath = Field(
         default="/",
-        max_length=4096,
         description="Directory of the model inside the volume (where config.json is).",
     )
 

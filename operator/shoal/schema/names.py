@@ -131,12 +131,37 @@ IMAGE = NameForm(
     python=_trimmed,
 )
 
+
+def _no_backsteps(value: str) -> bool:
+    return ".." not in value.split("/")
+
+
+# A directory in a volume, or on the node: never above it (Kubernetes refuses a
+# hostPath with '..', and a model path with one would leave its volume).
+_NO_BACKSTEPS = "!{v}.split('/').exists(part, part == '..')"
+VOLUME_PATH = NameForm(
+    "a directory inside the volume, without '..'",
+    ".*",
+    4096,
+    cel=_NO_BACKSTEPS,
+    python=_no_backsteps,
+)
+HOST_PATH = NameForm(
+    "an absolute directory on the node, other than /, without '..'",
+    "/.+",
+    4096,
+    cel=_NO_BACKSTEPS,
+    python=_no_backsteps,
+)
+
 ObjectName = OBJECT_NAME.type
 DataKey = DATA_KEY.type
 LabelValue = LABEL_VALUE.type
 QualifiedName = QUALIFIED_NAME.type
 ExtendedResource = EXTENDED_RESOURCE.type
 Image = IMAGE.type
+VolumePath = VOLUME_PATH.type
+HostPath = HOST_PATH.type
 
 # The most entries of a map of labels or annotations: CEL checks each key, and the
 # API server refuses a rule whose cost it cannot bound.
