@@ -113,6 +113,15 @@ def test_monitoring_values_add_monitors_and_a_valid_dashboard() -> None:
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("operator.replicas=2", "replicas"),
         ("operator.livenessPort=99999", "livenessPort"),
+        # Names, labels and annotations the API server would refuse in the objects.
+        ("serviceAccount.name=Shoal_Op", "/serviceAccount/name"),
+        ("operator.priorityClassName=High Prio", "/operator/priorityClassName"),
+        ("imagePullSecrets[0]=Reg Cred", "/imagePullSecrets/0"),
+        ("operator.nodeSelector.gpu node=true", "/operator/nodeSelector"),
+        ("operator.podAnnotations.-x=1", "/operator/podAnnotations"),
+        ("monitoring.dashboard.labels.grafana=a b", "/monitoring/dashboard/labels"),
+        ("networkPolicy.namespaces[0]=Team_A", "/networkPolicy/namespaces/0"),
+        ("image.tag=v1 ", "/image/tag"),
     ],
 )
 def test_bad_values_are_refused_naming_the_value(setting: str, named: str) -> None:

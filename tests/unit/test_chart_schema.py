@@ -1,0 +1,31 @@
+"""The chart's values.schema.json checks the names, labels and annotations it
+writes into objects in the forms shoal's CRD uses (shoal.schema.names): one
+definition of each form, so `helm install` refuses what the API server would."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from shoal.schema.names import LABEL_VALUE, OBJECT_NAME, QUALIFIED_NAME
+
+SCHEMA = Path(__file__).resolve().parents[2] / "charts" / "shoal" / "values.schema.json"
+
+
+def definitions() -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(SCHEMA.read_text())["definitions"]
+    return found
+
+
+def test_object_names_and_label_values_are_shoals_forms() -> None:
+    found = definitions()
+    for name, form in (("objectName", OBJECT_NAME), ("labelValue", LABEL_VALUE)):
+        assert found[name]["pattern"] == f"^{form.pattern}$", name
+        assert found[name]["maxLength"] == form.max_length, name
+
+
+def test_label_and_annotation_keys_are_shoals_form() -> None:
+    for name in ("labels", "annotations"):
+        assert list(definitions()[name]["patternProperties"]) == [f"^{QUALIFIED_NAME.pattern}$"]
+        assert definitions()[name]["additionalProperties"] is False
