@@ -97,6 +97,16 @@ def test_errors_name_the_field_in_json_form() -> None:
     assert str(errors[0]).startswith(errors[0].field + ": ")
 
 
+def test_a_map_key_is_named_in_brackets_and_a_bad_key_by_its_map() -> None:
+    # As the API server names them in its CEL rules' errors; a key may hold dots.
+    labels = {"example.com/team": "a b", "cost center": "ml"}
+    errors = validate_cluster(manifest(engine={"pod": {"labels": labels}}))
+    assert sorted((e.field, e.message.split(" must ")[0]) for e in errors) == [
+        ("spec.engine.pod.labels", "key 'cost center'"),
+        ("spec.engine.pod.labels[example.com/team]", "'a b'"),
+    ]
+
+
 def test_a_misspelt_field_is_an_error_not_ignored() -> None:
     [error] = validate_cluster(manifest(router={"polcy": "random"}))
     assert error.field == "spec.router.polcy"
