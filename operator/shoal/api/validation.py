@@ -373,10 +373,12 @@ def _mounts(spec: VLLMClusterSpec) -> list[SpecError]:
     errors = []
     for field, pod in (("spec.engine.pod", spec.engine.pod), ("spec.router.pod", spec.router.pod)):
         rule, own = OWN_MOUNTS[field]
-        if pod is not None and (
-            any(volume.get("name") in {mount.name for mount in own} for volume in pod.volumes)
-            or any(m.get("mountPath") in {mount.path for mount in own} for m in pod.volume_mounts)
-        ):
+        if pod is None:
+            continue
+        # Passed through as given: a name that is no string is the API server's to refuse.
+        names = {str(volume.get("name")) for volume in pod.volumes}
+        paths = {str(mount.get("mountPath")) for mount in pod.volume_mounts}
+        if names & {mount.name for mount in own} or paths & {mount.path for mount in own}:
             errors.append(SpecError(field, own_mounts_message(field), rule))
     return errors
 
