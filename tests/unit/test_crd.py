@@ -80,10 +80,16 @@ def test_preserve_unknown_fields_only_on_pass_through_kubernetes_objects() -> No
     }
     assert preserved == {
         ".spec.engine.env[]",
-        ".spec.engine.resources",
+        ".spec.engine.resources.claims[]",
         ".spec.placement.tolerations[]",
-        ".spec.placement.affinity",
-        ".spec.router.resources",
+        *(f".spec.{pod}.affinity.nodeAffinity" for pod in ("placement", "router.pod")),
+        *(
+            f".spec.{pod}.affinity.{kind}.{rule}DuringSchedulingIgnoredDuringExecution[]"
+            for pod in ("placement", "router.pod")
+            for kind in ("podAffinity", "podAntiAffinity")
+            for rule in ("required", "preferred")
+        ),
+        ".spec.router.resources.claims[]",
         *(
             f".spec.{section}.pod.{field}"
             for section in ("engine", "router")
@@ -93,7 +99,6 @@ def test_preserve_unknown_fields_only_on_pass_through_kubernetes_objects() -> No
             )
         ),
         ".spec.router.pod.tolerations[]",
-        ".spec.router.pod.affinity",
     }  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from pydantic import Field, JsonValue
 
 from shoal.schema.model import ApiModel
 from shoal.schema.names import Annotations, Labels, ObjectName
+from shoal.schema.quantity import Quantity
 
 # Passed-through Kubernetes objects (EnvVar, Volume, Toleration, Affinity,
 # ResourceRequirements, ...): the API server validates them where they land, in the pods.
@@ -57,6 +58,68 @@ VOLUME_MOUNT: JsonDict = {
         }
     },
 }
+
+
+class Resources(ApiModel):
+    """A container's requests and limits (a Kubernetes ResourceRequirements), typed so
+    that a malformed one (`limits:` left empty, a size that is no quantity) is refused
+    here, not by a StatefulSet shoal could then never write."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, description="Resources the container is scheduled by."
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict, description="Resources the container may use at most."
+    )
+    claims: list[KubeObject] = Field(
+        default_factory=list,
+        json_schema_extra=pass_through_list(16),
+        description="Dynamic resource claims the container uses (ResourceClaim names).",
+    )
+
+    def manifest(self) -> dict[str, Any]:
+        """As a container's `resources`, the parts given (new, for a builder to add to)."""
+        parts: dict[str, Any] = {
+            "requests": dict(self.requests),
+            "limits": dict(self.limits),
+            "claims": list(self.claims),
+        }
+        return {key: value for key, value in parts.items() if value}
+
+
+class PodAffinityRules(ApiModel):
+    """Pod affinity or anti-affinity (a Kubernetes PodAffinity): its terms kept as
+    given; shoal adds its own to these lists."""
+
+    required_during_scheduling_ignored_during_execution: list[KubeObject] = Field(
+        default_factory=list,
+        json_schema_extra=pass_through_list(64),
+        description="Terms a node must meet (Kubernetes PodAffinityTerm objects).",
+    )
+    preferred_during_scheduling_ignored_during_execution: list[KubeObject] = Field(
+        default_factory=list,
+        json_schema_extra=pass_through_list(64),
+        description="Weighted terms preferred (Kubernetes WeightedPodAffinityTerm objects).",
+    )
+
+
+class Affinity(ApiModel):
+    """A Kubernetes Affinity, typed down to the lists shoal adds its terms to, so that
+    a misspelt or misshapen rule is refused here rather than by the StatefulSet."""
+
+    node_affinity: KubeObject | None = Field(
+        default=None, json_schema_extra=PASS_THROUGH, description="A Kubernetes NodeAffinity."
+    )
+    pod_affinity: PodAffinityRules | None = Field(
+        default=None, description="Pods to run near (a Kubernetes PodAffinity)."
+    )
+    pod_anti_affinity: PodAffinityRules | None = Field(
+        default=None, description="Pods to keep away from (a Kubernetes PodAntiAffinity)."
+    )
+
+    def manifest(self) -> dict[str, Any]:
+        """As a pod's `affinity`: what was given, as given."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 class PullSecret(ApiModel):
@@ -137,9 +200,8 @@ class RouterPodSettings(PodSettings):
         json_schema_extra=pass_through_list(64),
         description="Tolerations of router pods (Kubernetes Toleration objects).",
     )
-    affinity: KubeObject | None = Field(
+    affinity: Affinity | None = Field(
         default=None,
-        json_schema_extra=PASS_THROUGH,
         description="Affinity of router pods (a Kubernetes Affinity object). Default: "
         "prefer spreading router pods over nodes.",
     )

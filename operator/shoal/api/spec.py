@@ -16,9 +16,10 @@ from shoal.api.autoscaling import AutoscalingSpec
 from shoal.api.cache import ModelCache
 from shoal.api.pods import (
     ENV_VAR,
-    PASS_THROUGH,
+    Affinity,
     KubeObject,
     PodSettings,
+    Resources,
     RouterPodSettings,
     pass_through_list,
 )
@@ -297,9 +298,8 @@ class EngineSpec(ApiModel):
         f"objects). Not {API_KEY_ENV}: shoal sets it from apiKeySecret, so that the router "
         "and the operator know the key too.",
     )
-    resources: KubeObject | None = Field(
+    resources: Resources | None = Field(
         default=None,
-        json_schema_extra=PASS_THROUGH,
         description="CPU and memory requests and limits of the engine container "
         "(ResourceRequirements). GPUs are added from gpu and parallelism.",
     )
@@ -335,10 +335,10 @@ class PlacementSpec(ApiModel):
         description="Tolerations of engine pods (Kubernetes Toleration objects), added to the "
         "one for the GPU taint.",
     )
-    affinity: KubeObject | None = Field(
+    affinity: Affinity | None = Field(
         default=None,
-        json_schema_extra=PASS_THROUGH,
-        description="Affinity of engine pods (a Kubernetes Affinity object).",
+        description="Affinity of engine pods (a Kubernetes Affinity object), with shoal's "
+        "own terms added.",
     )
     spread_replicas: bool = Field(
         default=True,
@@ -389,9 +389,8 @@ class RouterSpec(RouterSettings):
         "(kubelet refreshes the mounted file within about a minute). Default: no key needed.",
     )
     service: ServiceSpec = Field(default_factory=ServiceSpec)
-    resources: KubeObject | None = Field(
+    resources: Resources | None = Field(
         default=None,
-        json_schema_extra=PASS_THROUGH,
         description="CPU and memory of a router pod (ResourceRequirements).",
     )
     pod: RouterPodSettings | None = Field(

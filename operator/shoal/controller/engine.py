@@ -137,7 +137,8 @@ def default_requests(spec: VLLMClusterSpec) -> dict[str, str]:
 
 
 def _resources(spec: VLLMClusterSpec) -> dict[str, Any]:
-    resources = {key: dict(value) for key, value in (spec.engine.resources or {}).items()}
+    given = spec.engine.resources
+    resources = given.manifest() if given is not None else {}
     requests = resources.setdefault("requests", {})
     limits = resources.setdefault("limits", {})
     for key, value in default_requests(spec).items():

@@ -60,7 +60,8 @@ def affinity(spec: VLLMClusterSpec, *, cluster: str, index: int, nodes: int) -> 
     """The user's affinity plus: a multi-node group's pods on distinct nodes
     (and in one topology domain when topologyKey is set); other replicas
     preferably on other nodes (spreadReplicas)."""
-    user = dict(spec.placement.affinity or {})
+    given = spec.placement.affinity
+    user = given.manifest() if given is not None else {}
     required_anti: list[dict[str, Any]] = []
     required_co: list[dict[str, Any]] = []
     preferred_anti: list[dict[str, Any]] = []

@@ -45,6 +45,6 @@ def with_pod_settings(template: dict[str, Any], settings: PodSettings | None) ->
         if settings.tolerations:
             pod["tolerations"] = list(settings.tolerations)
         if settings.affinity is not None:
-            pod["affinity"] = dict(settings.affinity)
+            pod["affinity"] = settings.affinity.manifest()
     pod["containers"] = [container, *sidecars]
     return {**template, "metadata": metadata, "spec": pod}

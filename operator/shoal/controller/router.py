@@ -207,8 +207,8 @@ def build_router_deployment(
     }
     if env:
         container["env"] = env
-    if router.resources:
-        container["resources"] = dict(router.resources)
+    if router.resources is not None and router.resources.manifest():
+        container["resources"] = router.resources.manifest()
     labels = _labels(ref)
     pod: dict[str, Any] = {
         "serviceAccountName": name,
