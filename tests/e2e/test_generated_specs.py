@@ -330,6 +330,8 @@ FOUND = (
             "cache": {"node": {"path": "/var/../etc"}},
         }
     ),
+    # Fields left empty in YAML: the API server prunes the nulls, and so must shoal.
+    _manifest(engine={"resources": {"limits": None}}, replicas=None, router={"service": None}),
 )
 
 

@@ -107,6 +107,14 @@ def test_a_map_key_is_named_in_brackets_and_a_bad_key_by_its_map() -> None:
     ]
 
 
+def test_a_field_left_empty_is_absent_as_the_api_server_prunes_it() -> None:
+    given = manifest(replicas=None, engine={"resources": {"limits": None}}, router=None)
+    assert validate_cluster(given) == []
+    spec = VLLMCluster.model_validate(given).spec
+    assert spec.replicas == 1 and spec.engine.resources is not None
+    assert spec.engine.resources.limits == {}
+
+
 def test_a_misspelt_field_is_an_error_not_ignored() -> None:
     [error] = validate_cluster(manifest(router={"polcy": "random"}))
     assert error.field == "spec.router.polcy"

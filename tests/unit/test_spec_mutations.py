@@ -143,7 +143,7 @@ def test_validation_never_raises_and_what_it_accepts_builds(data: st.DataObject)
 @pytest.mark.parametrize(
     ("spec", "field"),
     [
-        ({"engine": {"resources": {"limits": None}}}, "spec.engine.resources.limits"),
+        ({"engine": {"resources": {"limits": True}}}, "spec.engine.resources.limits"),
         ({"router": {"resources": {"requests": {"cpu": []}}}}, "spec.router.resources.requests"),
         ({"placement": {"affinity": {"podAntiAffinity": [1]}}}, "spec.placement.affinity"),
         (

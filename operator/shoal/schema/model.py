@@ -6,7 +6,9 @@ Kubernetes spells acronyms in one case inside a camelCase name (`podIP`,
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
 
 # Acronyms written in capitals when they are not the first word of a name.
 ACRONYMS = frozenset({"api", "dcp", "gpu", "gpus", "hf", "id", "ip", "kv", "pvc", "ttft", "url"})
@@ -37,6 +39,16 @@ class ApiModel(BaseModel):
         validate_default=False,
         use_attribute_docstrings=False,
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_as_absent(cls, data: Any) -> Any:
+        # The API server prunes a null in a field its schema types, as if it had not
+        # been given (`limits:` left empty in YAML); so does shoal, so `shoal plan -f`
+        # judges a manifest as admission does.
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
 
     def to_json(self) -> dict[str, object]:
         """The resource's JSON form: camelCase names, unset optional fields left out."""
