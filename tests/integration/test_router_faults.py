@@ -177,3 +177,23 @@ def test_an_engine_with_broken_metrics_stays_in_rotation_with_one_warning(tmp_pa
     warnings = [line for line in log.splitlines() if "WARNING" in line and name in line]
     # Two episodes (the 500s, then garbage after a recovery): two warnings.
     assert len(warnings) == 2, log
+
+
+def test_an_engine_whose_metrics_are_nan_is_taken_as_busy_and_loses_no_request(
+    tmp_path: Path,
+) -> None:
+    # Well-formed text whose values are NaN (a gauge set from a division by
+    # zero): the router must not weigh a NaN load, which no comparison orders.
+    with (
+        sims(1, tmp_path, extra=["--sim-broken-metrics", "nan"]) as lying,
+        sims(1, tmp_path / "..") as healthy,
+        router([*lying, *healthy], tmp_path) as front,
+    ):
+        time.sleep(1.0)  # a few scrape rounds
+        for i in range(12):
+            prompt = f"a prompt with its own prefix {i} " * 8
+            answer = httpx.post(front + "/v1/completions", json=completion(prompt), timeout=10)
+            assert answer.status_code == 200, answer.text
+        name = lying[0].removeprefix("http://")
+        unknown = router_counts(front, "shoal_router_scrape_failures_total")
+        assert unknown.get(f'{{replica="{name}"}}', 0) >= 2, unknown

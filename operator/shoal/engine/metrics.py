@@ -210,6 +210,10 @@ def parse(text: str) -> MetricsSnapshot:
             raise BadMetrics(f"not Prometheus text: {error}") from error
         name = sample["name"]
         sums[name] = sums.get(name, 0.0) + value
+        if not math.isfinite(sums[name]):
+            # Well-formed, but no load or count (a NaN, an infinity, or values that
+            # sum past the largest float): a NaN orders against nothing.
+            raise BadMetrics(f"{name} is {sample['value']}, not a number the router can weigh")
         counts[name] = counts.get(name, 0) + 1
     try:
         block_size, gpu_blocks = _pool(config) if config is not None else (None, None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import struct
 import time
@@ -24,6 +25,9 @@ from shoal.sim.engine import Engine, EngineDeadError, RequestStream
 from shoal.sim.faults import FAULT_PATH, refuse_seconds
 from shoal.sim.metrics import HTTP_EXCLUDED
 from shoal.sim.scheduler import Status
+
+# A sample line's value (comment lines start with '#'): what the "nan" fault replaces.
+_SAMPLE_VALUE = re.compile(rb"^([^#\n][^\n]*) \S+$", re.MULTILINE)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 VERSION_BODY = {"version": "0.32.0"}
@@ -174,9 +178,10 @@ class EngineApp:
             time.sleep(self.engine.faults.metrics_seconds)  # noqa: ASYNC251 - the fault: a loop kept busy
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        return web.Response(
-            body=self.engine.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+        body = self.engine.metrics.exposition()
+        if mode == "nan":
+            body = _SAMPLE_VALUE.sub(rb"\1 NaN", body)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def tokenize(self, request: web.Request) -> web.StreamResponse:
         body = api.parse_body(await request.read())

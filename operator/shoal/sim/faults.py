@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-METRICS_MODES = ("ok", "error", "garbage", "hang")
+METRICS_MODES = ("ok", "error", "garbage", "hang", "nan")
 CONNECTION_MODES = ("ok", "reset")
 # Requests to this path pass a "reset" fault, so it can be lifted again.
 FAULT_PATH = "/_sim/fault"
@@ -29,8 +29,9 @@ class Faults:
     error_rate: float = 0.0
     # Every step takes this many times longer.
     slowness: float = 1.0
-    # /metrics: "ok", "error" (500), "garbage" (not Prometheus text) or
-    # "hang" (never answers).
+    # /metrics: "ok", "error" (500), "garbage" (not Prometheus text), "hang"
+    # (never answers) or "nan" (well-formed, every value NaN: an exporter that
+    # lies, as a gauge set from a division by zero would).
     metrics: str = "ok"
     # Connections: "ok", or "reset": every request but those to /_sim/fault
     # is answered by a TCP reset (RST) and no response, as when the network
