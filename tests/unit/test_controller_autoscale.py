@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import pytest
+
 from shoal.controller.autoscale import (
     Demand,
     RouterDemand,
@@ -229,3 +231,10 @@ def test_a_first_round_without_load_waits_a_whole_down_window_before_scaling_dow
     seen = counts(run([0] * 14, policy=policy, current=2, memory=ScaleMemory()))
     assert seen[:12] == [2] * 12
     assert seen[-1] == 1
+
+
+def test_a_router_scrape_with_a_nan_or_infinite_count_is_no_demand_reading() -> None:
+    # A NaN would make the replicas wanted NaN, which no count of replicas is.
+    for value in ("NaN", "+Inf"):
+        with pytest.raises(ValueError, match="shoal_router_inflight_requests"):
+            parse_router_demand(ROUTER_METRICS.replace("} 3.0", "} " + value, 1))

@@ -118,3 +118,12 @@ def test_a_failing_canary_says_what_the_router_saw_too() -> None:
     verdict = tracker.observe(failed, routed=Routed(requests=10, errors=7))
     assert verdict.reason is Reason.FAILING
     assert verdict.detail.startswith("canary completion error 500; 70% of routed requests")
+
+
+def test_a_router_scrape_with_a_nan_count_is_no_reading() -> None:
+    text = (
+        "# TYPE shoal_router_requests counter\n"
+        'shoal_router_requests_total{code="500",replica="c-r0-0"} NaN\n'
+    )
+    with pytest.raises(ValueError, match="shoal_router_requests_total"):
+        parse_router_requests(text)

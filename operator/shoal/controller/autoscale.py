@@ -27,9 +27,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from shoal.router.metrics import INFLIGHT, QUEUE_DEPTH, REQUESTS
+from shoal.router.metrics import INFLIGHT, QUEUE_DEPTH, REQUESTS, read_samples
 
 
 class ScaleReason(StrEnum):
@@ -113,16 +111,15 @@ def parse_router_demand(text: str) -> RouterDemand:
     kept = "\n".join(line for line in text.splitlines() if any(n in line[:80] for n in wanted))
     in_flight = queued = answered = 0.0
     by_replica: dict[str, float] = {}
-    for family in text_string_to_metric_families(kept + "\n"):
-        for sample in family.samples:
-            if sample.name == INFLIGHT:
-                in_flight += sample.value
-                replica = sample.labels.get("replica", "")
-                by_replica[replica] = by_replica.get(replica, 0.0) + sample.value
-            elif sample.name == QUEUE_DEPTH:
-                queued += sample.value
-            elif sample.name == REQUESTS + "_total":
-                answered += sample.value
+    for sample in read_samples(kept + "\n"):
+        if sample.name == INFLIGHT:
+            in_flight += sample.value
+            replica = sample.labels.get("replica", "")
+            by_replica[replica] = by_replica.get(replica, 0.0) + sample.value
+        elif sample.name == QUEUE_DEPTH:
+            queued += sample.value
+        elif sample.name == REQUESTS + "_total":
+            answered += sample.value
     return RouterDemand(
         in_flight=in_flight, queued=queued, answered=answered, by_replica=by_replica
     )

@@ -15,9 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from shoal.router.metrics import REQUESTS as ROUTER_REQUESTS
+from shoal.router.metrics import read_samples
 
 NO_REPLICA = "none"
 CLIENT_GONE = "499"
@@ -50,15 +49,14 @@ def parse_router_requests(text: str) -> dict[str, Routed]:
         if line.startswith(ROUTER_REQUESTS) or ROUTER_REQUESTS + " " in line[:60]
     )
     found: dict[str, Routed] = {}
-    for family in text_string_to_metric_families(wanted + "\n"):
-        for sample in family.samples:
-            if sample.name != ROUTER_REQUESTS + "_total":
-                continue  # _created
-            replica, code = sample.labels.get("replica", ""), sample.labels.get("code", "")
-            if replica in ("", NO_REPLICA) or code == CLIENT_GONE:
-                continue
-            errors = sample.value if code.startswith("5") else 0.0
-            found[replica] = found.get(replica, Routed()) + Routed(sample.value, errors)
+    for sample in read_samples(wanted + "\n"):
+        if sample.name != ROUTER_REQUESTS + "_total":
+            continue  # _created
+        replica, code = sample.labels.get("replica", ""), sample.labels.get("code", "")
+        if replica in ("", NO_REPLICA) or code == CLIENT_GONE:
+            continue
+        errors = sample.value if code.startswith("5") else 0.0
+        found[replica] = found.get(replica, Routed()) + Routed(sample.value, errors)
     return found
 
 

@@ -9,11 +9,15 @@ a restarted router."""
 from __future__ import annotations
 
 import contextlib
+import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from shoal.router.tallies import CounterFamily, HistogramFamily, Spread, Tally
 
@@ -26,6 +30,18 @@ LOAD_SCORE = "shoal_router_load_score"
 # The autoscaler's demand (docs/autoscaling.md: stable names for KEDA and HPA users).
 INFLIGHT = "shoal_router_inflight_requests"
 QUEUE_DEPTH = "shoal_router_queue_depth"
+
+
+def read_samples(text: str) -> Iterator[Sample]:
+    """The samples of (part of) a router's /metrics text, for the operator's readers.
+    ValueError when it is not Prometheus text, or a value is NaN or infinite, which
+    none of the router's counts and gauges can be (and no replica count can follow)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not math.isfinite(sample.value):
+                raise ValueError(f"{sample.name} is {sample.value}")
+            yield sample
+
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _DECISION = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3)
