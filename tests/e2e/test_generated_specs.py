@@ -114,6 +114,11 @@ RESOURCES = Pool(
 )
 NODE_PATHS = Pool(("/var/lib/models", "/mnt/nvme/hf", "/a:b"), ("m", "/", "/var/../etc", "/x/.."))
 MODEL_PATHS = Pool(("/", "llama-3.1-8b", "/org/model/", "a..b"), ("../x", "/a/../../b", ".."))
+# extraArgs entries, each whole (an option with its value attached, or none).
+EXTRA_ARGS = Pool(
+    ("--enforce-eager", "-dpb=mp", "-dc={}", "-O3", "--seed=7", "-q=fp8", "-pcp=1"),
+    ("-t", "-tp2", "-d=2", "-p", "--tensor-parallel=2", "--max_model_len=4096", "-dpa=x"),
+)
 CLUSTER_NAMES = Pool(
     ("gen", "g" * MAX_NAME_LENGTH, "a1-b2"),
     ("1gen", "Gen", "g" * (MAX_NAME_LENGTH + 1), "gen-", "g.en"),
@@ -132,6 +137,7 @@ POOLS = (
     MODEL_PATHS,
     CLUSTER_NAMES,
     IMAGES,
+    EXTRA_ARGS,
 )
 VOLUME_NAMES = ("scratch", "data", "tmp", "models", "model", "dshm", "hf-cache", "config")
 MOUNT_PATHS = ("/scratch", "/data", "/tmp/x", "/models", "/dev/shm", "/etc/shoal/router")
@@ -206,6 +212,7 @@ def manifests(draw: st.DrawFn, hostile: bool) -> Manifest:
     _maybe(draw, engine, "maxModelLen", st.sampled_from([4096, 131072, 10**6]))
     _maybe(draw, engine, "apiKeySecret", secret)
     _maybe(draw, engine, "shmSize", st.sampled_from(["1Gi", "16Gi"]))
+    _maybe(draw, engine, "extraArgs", st.lists(pick(EXTRA_ARGS), max_size=2))
     limits = st.fixed_dictionaries(
         {}, optional={"cpu": st.sampled_from(["1", 64]), "memory": st.just("4Gi")}
     )
@@ -330,6 +337,9 @@ FOUND = (
             "cache": {"node": {"path": "/var/../etc"}},
         }
     ),
+    # An abbreviation argparse reads as -tp, and vLLM's own -dpb (not -dp).
+    _manifest(engine={"extraArgs": ["-t", "2"]}),
+    _manifest(engine={"extraArgs": ["-dpb", "mp"]}),
     # Fields left empty in YAML: the API server prunes the nulls, and so must shoal.
     _manifest(engine={"resources": {"limits": None}}, replicas=None, router={"service": None}),
 )

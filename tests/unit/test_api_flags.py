@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from shoal.api.flags import MANAGED_SETTINGS, managed_pattern, refused_args
+from shoal.api.flags import MANAGED_SETTINGS, exempt_pattern, managed_pattern, refused_args
 from shoal.api.validation import validate_cluster
 from shoal.api.vllm_options import OPTIONS, VLLM_VERSION
 
@@ -103,3 +105,28 @@ def test_a_misspelt_field_gets_the_nearest_field_as_a_suggestion() -> None:
     [error] = validate_cluster(manifest(engine={"maxModelLength": 8192}))
     assert error.field == "spec.engine.maxModelLength"
     assert "did you mean maxModelLen?" in error.message
+
+
+def _admission_refuses(arg: str) -> bool:
+    """The CEL rule's reading of one entry (api.cel's managed-flags)."""
+    spelt = arg.replace("_", "-")
+    return bool(re.match(managed_pattern(), spelt)) and not re.match(exempt_pattern(), spelt)
+
+
+@st.composite
+def _spellings(draw: st.DrawFn) -> str:
+    """An option of vLLM's, cut to a prefix or not, '-' as '_' or not, with a value
+    attached, a key or an '=' after it, or nothing."""
+    option = draw(st.sampled_from(sorted(OPTIONS)))
+    option = option[: len(option) - draw(st.integers(0, max(0, len(option) - 2)))]
+    if draw(st.booleans()):
+        option = option[:2] + option[2:].replace("-", "_")
+    return option + draw(st.sampled_from(["", "=1", ".x", ".x=1", "2", "=", "_x", "-x"]))
+
+
+@settings(max_examples=3000, deadline=None)
+@given(arg=_spellings())
+def test_admission_and_shoal_plan_refuse_the_same_option_spellings(arg: str) -> None:
+    # The API server's RE2 rule and shoal's argparse model, on one entry each.
+    python = [refused for refused in refused_args([arg]) if refused.setting != "model_tag"]
+    assert _admission_refuses(arg) == bool(python), (arg, python)

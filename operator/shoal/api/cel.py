@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shoal.api.flags import managed_pattern
+from shoal.api.flags import exempt_pattern, managed_pattern
 from shoal.api.spec import API_KEY_ENV, MAX_REPLICAS
 from shoal.api.validation import (
     MANAGED_ENV_MESSAGE,
@@ -100,8 +100,12 @@ _CONTEXT_OF = (
 # DCP rules beyond divisibility: only for GQA models whose TP the DCP divides.
 _GQA_DCP = f"{_DCP} == 1 || {_TP} % {_DCP} != 0 || !{_KNOWN} || {_MLA}"
 
-# Every spelling vLLM reads as a managed setting (shoal.api.flags).
-_MANAGED = managed_pattern()
+# An entry (as `arg`) that sets a managed setting by option, in any spelling vLLM
+# reads (shoal.api.flags): the managed pattern, less vLLM's own unmanaged options.
+_SETS_MANAGED = (
+    f"arg.replace('_', '-').matches('{managed_pattern()}') && "
+    f"!arg.replace('_', '-').matches('{exempt_pattern()}')"
+)
 
 
 def _format(template: str, *values: str) -> str:
@@ -326,7 +330,7 @@ RULES: tuple[CelRule, ...] = (
     CelRule(
         rule="managed-flags",
         location="engine.extraArgs",
-        expression=f"self.all(arg, !arg.replace('_', '-').matches('{_MANAGED}')) && "
+        expression=f"self.all(arg, !({_SETS_MANAGED})) && "
         "(size(self) == 0 || self[0].startsWith('-'))",
         message="spec.engine.extraArgs must not set what shoal sets from other fields "
         "(the model, parallelism, replicas, maxModelLen, maxNumSeqs, gpuMemoryUtilization, "
@@ -338,8 +342,7 @@ RULES: tuple[CelRule, ...] = (
             "argument as the model): use spec.model, spec.parallelism, spec.replicas, "
             "spec.engine (an API key: spec.engine.apiKeySecret) or spec.model.servedName "
             "instead",
-            f"self.filter(arg, arg.replace('_', '-').matches('{_MANAGED}') || (arg == self[0] && "
-            "!arg.startsWith('-')))",
+            f"self.filter(arg, ({_SETS_MANAGED}) || (arg == self[0] && !arg.startsWith('-')))",
         ),
     ),
     CelRule(

@@ -134,16 +134,40 @@ def _prefix_pattern(option: str) -> str:
     return re.escape(option[2]) + pattern
 
 
+def _short_options(managed: bool) -> list[str]:
+    return sorted(
+        o
+        for o, (dest, _) in OPTIONS.items()
+        if not o.startswith("--") and (dest in MANAGED_SETTINGS) == managed
+    )
+
+
+def _short_abbreviations() -> list[str]:
+    """Proper prefixes of managed short options (`-t` of `-tp`), which argparse reads
+    as the option, or refuses as ambiguous."""
+    if not ALLOW_ABBREV:
+        return []
+    return sorted({o[:end] for o in _short_options(True) for end in range(2, len(o))})
+
+
 def managed_pattern() -> str:
     """One RE2 pattern matching an extraArgs entry (its '_' read as '-')
-    that sets a managed setting by option (the CEL rule's; a positional needs
-    the entries around it, which the operator's check reads)."""
+    that sets a managed setting by option, unless exempt_pattern matches it too
+    (the CEL rule's; a positional needs the entries around it, which the
+    operator's check reads)."""
     long_options = sorted(
         o for o, (dest, _) in OPTIONS.items() if o.startswith("--") and dest in MANAGED_SETTINGS
     )
-    short = sorted(
-        o for o, (dest, _) in OPTIONS.items() if not o.startswith("--") and dest in MANAGED_SETTINGS
-    )
     longs = "|".join(_prefix_pattern(o) for o in long_options)
-    shorts = "|".join(re.escape(o[1:]) for o in short)
-    return f"^(--({longs})([=.].*)?|-({shorts}).*)$"
+    shorts = "|".join(re.escape(o[1:]) for o in _short_options(True))
+    abbreviations = "|".join(re.escape(o[1:]) for o in _short_abbreviations())
+    return f"^(--({longs})([=.].*)?|-({shorts}).*|-({abbreviations})(=.*)?)$"
+
+
+def exempt_pattern() -> str:
+    """RE2 for the unmanaged short options managed_pattern would take for managed
+    ones: argparse reads an option vLLM has exactly as itself (`-dpb`, the data-parallel
+    backend, begins like `-dp`; `-dc` is a prefix of `-dcp`)."""
+    managed = re.compile(managed_pattern())
+    exempt = [o for o in _short_options(False) if managed.match(o)]
+    return f"^-({'|'.join(re.escape(o[1:]) for o in exempt)})(=.*)?$"
