@@ -114,6 +114,22 @@ RESOURCES = Pool(
 )
 NODE_PATHS = Pool(("/var/lib/models", "/mnt/nvme/hf", "/a:b"), ("m", "/", "/var/../etc", "/x/.."))
 MODEL_PATHS = Pool(("/", "llama-3.1-8b", "/org/model/", "a..b"), ("../x", "/a/../../b", ".."))
+MODELS = Pool(
+    (
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "meta-llama/Llama-3.1-70B-Instruct",
+        "Qwen/Qwen3-32B",
+        "deepseek-ai/DeepSeek-R1",
+        "acme/private-13b",
+    ),
+    # Spellings a preset is recognised by, or not, alike at admission and in shoal.
+    (
+        "META-LLAMA/LLAMA-3.1-70B-INSTRUCT",
+        "/models/meta-llama/Llama-3.1-70B-Instruct/",
+        "Llama-3.1-70B-Instruct",
+        "meta-llama/Llama-3.1-70B-Instruct-FP8",
+    ),
+)
 # extraArgs entries, each whole (an option with its value attached, or none).
 EXTRA_ARGS = Pool(
     ("--enforce-eager", "-dpb=mp", "-dc={}", "-O3", "--seed=7", "-q=fp8", "-pcp=1"),
@@ -138,18 +154,10 @@ POOLS = (
     CLUSTER_NAMES,
     IMAGES,
     EXTRA_ARGS,
+    MODELS,
 )
 VOLUME_NAMES = ("scratch", "data", "tmp", "models", "model", "dshm", "hf-cache", "config")
 MOUNT_PATHS = ("/scratch", "/data", "/tmp/x", "/models", "/dev/shm", "/etc/shoal/router")
-MODELS = st.sampled_from(
-    [
-        "meta-llama/Llama-3.1-8B-Instruct",
-        "meta-llama/Llama-3.1-70B-Instruct",
-        "Qwen/Qwen3-32B",
-        "deepseek-ai/DeepSeek-R1",
-        "acme/private-13b",
-    ]
-)
 
 
 def _maybe(draw: st.DrawFn, into: dict[str, Any], key: str, values: st.SearchStrategy[Any]) -> None:
@@ -201,7 +209,7 @@ def manifests(draw: st.DrawFn, hostile: bool) -> Manifest:
 
     names, keys, labels = pick(OBJECT_NAMES), pick(DATA_KEYS), pick(LABEL_VALUES)
     secret = st.fixed_dictionaries({"name": names}, optional={"key": keys})
-    model: dict[str, Any] = {"name": draw(MODELS)}
+    model: dict[str, Any] = {"name": draw(pick(MODELS))}
     hub = st.fixed_dictionaries({}, optional={"tokenSecret": secret})
     claim = st.fixed_dictionaries({"claimName": names, "path": pick(MODEL_PATHS)})
     _maybe(draw, model, "source", st.one_of(_one("hf", hub), _one("pvc", claim)))
@@ -340,6 +348,10 @@ FOUND = (
     # An abbreviation argparse reads as -tp, and vLLM's own -dpb (not -dp).
     _manifest(engine={"extraArgs": ["-t", "2"]}),
     _manifest(engine={"extraArgs": ["-dpb", "mp"]}),
+    # A local path to a known model, with a trailing '/', and a layout its heads refuse.
+    _manifest(
+        model={"name": "/models/meta-llama/Llama-3.1-70B-Instruct/"}, parallelism={"tensor": 3}
+    ),
     # Fields left empty in YAML: the API server prunes the nulls, and so must shoal.
     _manifest(engine={"resources": {"limits": None}}, replicas=None, router={"service": None}),
 )

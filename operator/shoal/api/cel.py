@@ -55,8 +55,9 @@ _PP = "self.parallelism.pipeline"
 _DCP = "self.parallelism.decodeContext"
 
 _NAME = "self.model.name"
-# The repository a model name ends in (lowercase), as planner.presets reads it.
-_REPOSITORY = f"{_NAME}.lowerAscii().substring({_NAME}.lastIndexOf('/') + 1)"
+# The repository a model name ends in (lowercase, trailing '/'s ignored), as
+# planner.presets reads it: the last part and its '/'s, then that part alone.
+_REPOSITORY = f"{_NAME}.lowerAscii().find('[^/]*/*$').find('^[^/]*')"
 _BY_NAME = (
     "{" + ", ".join(f"'{repo}': '{preset}'" for repo, preset in REPOSITORY_PRESETS.items()) + "}"
 )
