@@ -36,6 +36,7 @@ from shoal.api.validation import MAX_NAME_LENGTH, validate_cluster
 from shoal.controller.cache import build_cache_claim, build_download_job
 from shoal.controller.desired import desired_fleet
 from shoal.controller.identity import ClusterRef, Manifest
+from shoal.planner.presets import PRESET_NAMES
 from shoal_testbed.cluster import Testbed
 from tests.e2e.kube import namespace
 from tests.e2e.operator_env import install_crd
@@ -130,6 +131,24 @@ MODELS = Pool(
         "meta-llama/Llama-3.1-70B-Instruct-FP8",
     ),
 )
+# A model's shape: a preset, with fields overriding it, or every field given (or
+# not quite): the planner's rules and their CEL twins read heads from either.
+_SHAPE = {
+    "layers": st.sampled_from([1, 32, 61, 80, 126]),
+    "queryHeads": st.sampled_from([1, 8, 12, 32, 64, 128]),
+    "kvHeads": st.sampled_from([1, 2, 4, 8, 12]),
+    "headSize": st.sampled_from([64, 128, 576]),
+    "parameters": st.sampled_from([7 * 10**9, 70 * 10**9]),
+}
+_EXTRA = {
+    "attention": st.sampled_from(["GQA", "MLA"]),
+    "contextLength": st.sampled_from([4096, 131072]),
+}
+ARCHITECTURES = st.one_of(
+    st.fixed_dictionaries({"preset": st.sampled_from(PRESET_NAMES)}, optional=_SHAPE | _EXTRA),
+    st.fixed_dictionaries(_SHAPE, optional=_EXTRA),
+    st.fixed_dictionaries({}, optional=_SHAPE | _EXTRA),
+)
 # extraArgs entries, each whole (an option with its value attached, or none).
 EXTRA_ARGS = Pool(
     ("--enforce-eager", "-dpb=mp", "-dc={}", "-O3", "--seed=7", "-q=fp8", "-pcp=1"),
@@ -217,7 +236,7 @@ def manifests(draw: st.DrawFn, hostile: bool) -> Manifest:
     node = st.fixed_dictionaries({"path": pick(NODE_PATHS)})
     _maybe(draw, model, "cache", st.one_of(_one("shared", shared), _one("node", node)))
     engine: dict[str, Any] = {"pod": _pod(draw, pick, router=False)}
-    _maybe(draw, engine, "maxModelLen", st.sampled_from([4096, 131072, 10**6]))
+    _maybe(draw, engine, "maxModelLen", st.sampled_from([4096, 131072, 200_000, 10**6]))
     _maybe(draw, engine, "apiKeySecret", secret)
     _maybe(draw, engine, "shmSize", st.sampled_from(["1Gi", "16Gi"]))
     _maybe(draw, engine, "extraArgs", st.lists(pick(EXTRA_ARGS), max_size=2))
@@ -251,9 +270,11 @@ def manifests(draw: st.DrawFn, hostile: bool) -> Manifest:
     _maybe(draw, spec, "replicas", st.sampled_from([0, 1, 2]))
     _maybe(draw, spec, "minAvailable", st.sampled_from([1, 3]))
     parallelism = st.fixed_dictionaries(
-        {"tensor": st.sampled_from([1, 2, 4, 8, 16]), "pipeline": st.sampled_from([1, 2])}
+        {"tensor": st.sampled_from([1, 2, 3, 4, 8, 16]), "pipeline": st.sampled_from([1, 2, 3])},
+        optional={"decodeContext": st.sampled_from([1, 2, 4, 8])},
     )
     _maybe(draw, spec, "parallelism", parallelism)
+    _maybe(draw, model, "architecture", ARCHITECTURES)
     prompts = st.fixed_dictionaries({"name": names}, optional={"key": keys})
     _maybe(draw, spec, "warmup", _one("configMap", prompts))
     bounds = st.fixed_dictionaries(
