@@ -58,6 +58,9 @@ def test_a_broken_or_hung_metrics_endpoint_is_an_error_not_an_idle_engine(
         set_fault(url, metrics="garbage")
         with pytest.raises(BadMetrics):
             call(lambda e: e.metrics(url))
+        set_fault(url, metrics="nan")  # well-formed, but no load to weigh
+        with pytest.raises(BadMetrics, match="not a number"):
+            call(lambda e: e.metrics(url))
         set_fault(url, metrics="error")
         with pytest.raises(ErrorStatus):
             call(lambda e: e.metrics(url))
