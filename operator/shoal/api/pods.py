@@ -14,8 +14,9 @@ from shoal.schema.model import ApiModel
 from shoal.schema.names import Annotations, Labels, ObjectName
 from shoal.schema.quantity import Quantity
 
-# Passed-through Kubernetes objects (EnvVar, Volume, Toleration, Affinity,
-# ResourceRequirements, ...): the API server validates them where they land, in the pods.
+# Passed-through Kubernetes objects (EnvVar, Volume, Toleration, NodeAffinity, ...): the
+# API server validates them where they land, in the pods. Those shoal reads into or adds
+# to (resources, pod affinity) are typed as far as it reads them.
 KubeObject = dict[str, Any]
 JsonDict = dict[str, JsonValue]
 PASS_THROUGH: JsonDict = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}

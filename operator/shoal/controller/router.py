@@ -207,8 +207,9 @@ def build_router_deployment(
     }
     if env:
         container["env"] = env
-    if router.resources is not None and router.resources.manifest():
-        container["resources"] = router.resources.manifest()
+    resources = router.resources.manifest() if router.resources is not None else {}
+    if resources:
+        container["resources"] = resources
     labels = _labels(ref)
     pod: dict[str, Any] = {
         "serviceAccountName": name,
