@@ -19,9 +19,12 @@ from shoal.api.resource import VLLMCluster
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.validation import validate_cluster
 from shoal.controller.cache import build_cache_claim, build_download_job
+from shoal.controller.decide import Decision, Memory, Probes
 from shoal.controller.desired import desired_fleet
 from shoal.controller.identity import ClusterRef
+from shoal.controller.observe import Observed
 from shoal.controller.router import router_config
+from shoal.controller.status import StatusInputs, build_status
 from tests.sample_manifests import good_samples, load
 
 BASES = [load(path) for path in good_samples()]
@@ -121,6 +124,23 @@ def check(manifest: dict[str, Any]) -> None:
     build_cache_claim(ref, spec)
     build_download_job(ref, spec, image="shoal:test")
     router_config(spec).model_dump_json()
+    # And the status of a fleet not made yet, as the first pass writes it.
+    first = StatusInputs(
+        name=ref.name,
+        namespace=ref.namespace,
+        generation=1,
+        spec=spec,
+        errors=[],
+        paused=False,
+        observed=Observed(replicas={}, router=None),
+        decision=Decision(),
+        memory=Memory(),
+        probes=Probes(),
+        kv_pools={},
+        previous={},
+        now="2026-01-01T00:00:00Z",
+    )
+    assert build_status(first)["conditions"]
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
