@@ -74,11 +74,13 @@ def test_engines_whose_metrics_render_slower_than_the_scrape_deadline_keep_servi
                         return 0, "no answer within 10 s"
                     return answer.status_code, answer.headers.get("x-shoal-replica", "")
 
-                answers = list(pool.map(send, range(8)))
+                # Cold prompts go by rendezvous: with 8 of them, all on one engine
+                # 1 run in 128 (seen once in CI); with 24, 1 in 8 million.
+                answers = list(pool.map(send, range(24)))
         finally:
             for front in routers:
                 front.stop()
-    assert [status for status, _ in answers] == [200] * 8, answers
+    assert [status for status, _ in answers] == [200] * 24, answers
     served = {replica for _, replica in answers}
     assert served == {url.removeprefix("http://") for url in sim.urls}, served
 
