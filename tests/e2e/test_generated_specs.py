@@ -9,11 +9,14 @@
   admitted, then its StatefulSet refused, naming a field of the StatefulSet
   rather than of the VLLMCluster.
 
-Values are drawn valid for their field, and now and then hostile (a space, an
-uppercase letter, 64 characters in a label, a resource in kubernetes.io), so
-both sides of each rule get examples. Kubernetes objects the spec passes
-through whole (volumes, env, tolerations, affinity, security contexts) are
-left out: the API server judges them in the pods, by design (api.pods)."""
+Values are drawn valid for their field; in the first test, one pool of them may
+also be hostile (a space, an uppercase letter, 64 characters in a label, a
+resource in kubernetes.io, a short option vLLM reads as -tp), so both sides of
+each rule get examples, one kind of mistake at a time. Kubernetes objects the
+spec passes through whole (env, tolerations, affinity terms, security
+contexts) are left out: the API server judges them in the pods, by design
+(api.pods); volumes come in only with names and paths like shoal's own. What
+the tests found is kept as explicit examples."""
 
 from __future__ import annotations
 
