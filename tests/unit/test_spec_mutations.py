@@ -19,13 +19,13 @@ from shoal.api.resource import VLLMCluster
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.validation import validate_cluster
 from shoal.controller.cache import build_cache_claim, build_download_job
-from shoal.controller.decide import Decision, Memory, Probes
 from shoal.controller.desired import desired_fleet
 from shoal.controller.identity import ClusterRef
 from shoal.controller.observe import Observed
 from shoal.controller.router import router_config
-from shoal.controller.status import StatusInputs, build_status
+from shoal.controller.status import build_status
 from tests.sample_manifests import good_samples, load
+from tests.unit.test_controller_status import inputs
 
 BASES = [load(path) for path in good_samples()]
 # Keys Kubernetes objects passed through whole use, so that generated objects reach
@@ -125,21 +125,7 @@ def check(manifest: dict[str, Any]) -> None:
     build_download_job(ref, spec, image="shoal:test")
     router_config(spec).model_dump_json()
     # And the status of a fleet not made yet, as the first pass writes it.
-    first = StatusInputs(
-        name=ref.name,
-        namespace=ref.namespace,
-        generation=1,
-        spec=spec,
-        errors=[],
-        paused=False,
-        observed=Observed(replicas={}, router=None),
-        decision=Decision(),
-        memory=Memory(),
-        probes=Probes(),
-        kv_pools={},
-        previous={},
-        now="2026-01-01T00:00:00Z",
-    )
+    first = inputs(Observed(replicas={}, router=None), spec=spec)
     assert build_status(first)["conditions"]
 
 
