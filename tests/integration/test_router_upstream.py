@@ -189,6 +189,54 @@ def test_a_body_delimited_by_the_connection_end_and_an_interim_answer() -> None:
     assert asyncio.run(scenario()) == (200, b"all of it")
 
 
+def test_an_answer_is_held_within_its_own_limit_and_the_pools_budget() -> None:
+    """`filled` comes with the whole answer when it fits, or once the answer
+    outgrows its own limit or, with the others held, the pool's budget; the
+    pool's count of held bytes goes back to zero however each ends."""
+    sizes = {b"/big": 1500, b"/medium": 700}
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await _read_request(reader)
+        assert request is not None
+        size = sizes[request.split(b" ")[1]]
+        # In pieces, one byte short: the answer never ends.
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (size + 1))
+        for _ in range(size // 100):
+            writer.write(b"x" * 100)
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        await reader.read(1)  # until the client closes
+
+    async def held(pool: Pool, address: Address, path: bytes) -> Exchange:
+        exchange = await pool.open(address)
+        exchange.send(request_head(b"GET", path, address, 0))
+        await asyncio.wait_for(exchange.filled(), 5)
+        return exchange
+
+    async def scenario() -> None:
+        pool = Pool(connect_seconds=1, hold_answer_bytes=1000, hold_total_bytes=1000)
+        async with Server(script) as address:
+            big = await held(pool, address, b"/big")  # past its own limit
+            assert not big.done.done() and len(big.body()) == 1100
+            big.release()
+            assert pool.held_bytes == 0
+            # Two answers that each fit their own limit, held together.
+            one = await pool.open(address)
+            one.send(request_head(b"GET", b"/medium", address, 0))
+            filled = one.filled()
+            await asyncio.sleep(0.3)  # all it sends came: it fits, but never ends
+            assert pool.held_bytes == 700 and not filled.done()
+            two = await held(pool, address, b"/medium")  # past the pool's budget
+            assert not two.done.done() and 300 < len(two.body()) < 700
+            assert two.take() and pool.held_bytes == 700
+            one.release()
+            two.release()
+            assert pool.held_bytes == 0
+        pool.close()
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize(
     ("answer", "answered"),
     [

@@ -519,6 +519,9 @@ class Proxy:
             if status >= 500:
                 try:
                     answer = await self._whole(exchange, status, headers, deadline=deadline)
+                    if answer is None:
+                        # No engine's error runs to megabytes: a broken one.
+                        raise UpstreamFailed("broken_answer")
                 except UpstreamFailed:
                     verdict = Outcome.FAILED
                     series.requests(502).inc()
@@ -547,8 +550,17 @@ class Proxy:
             # end of its stream.
             self.fleet.verdict(replica, ticket, Outcome.OK)
             verdict = None
-            response: Answer
-            if stream and status == 200:
+            response: Answer | None = None
+            if not (stream and status == 200):
+                try:
+                    response = await self._whole(exchange, status, headers, deadline=deadline)
+                except UpstreamFailed:
+                    verdict = Outcome.FAILED
+                    series.requests(502).inc()
+                    raise
+                if response is not None and response.status == 504:
+                    verdict = Outcome.FAILED
+            if response is None:  # a stream, or an answer too large to hold
                 exchange.disarm()
                 response, failure = await self._stream(
                     request,
@@ -558,19 +570,11 @@ class Proxy:
                     request_id=request_id,
                     first_chunk_by=first_byte_by,
                     deadline=deadline,
+                    events=stream,
                 )
                 if failure is not None:
                     verdict = Outcome.FAILED
-                    log.warning("stream from %s broke after its first byte: %s", name, failure)
-            else:
-                try:
-                    response = await self._whole(exchange, status, headers, deadline=deadline)
-                except UpstreamFailed:
-                    verdict = Outcome.FAILED
-                    series.requests(502).inc()
-                    raise
-                if response.status == 504:
-                    verdict = Outcome.FAILED
+                    log.warning("answer from %s broke after its first byte: %s", name, failure)
             series.requests(response.status).inc()
             return response
         except asyncio.CancelledError:
@@ -647,16 +651,19 @@ class Proxy:
 
     async def _whole(
         self, exchange: Exchange, status: int, headers: CIMultiDict[str], *, deadline: float
-    ) -> web.Response:
+    ) -> web.Response | None:
         """A plain answer: nothing reaches the client before its end, so an
-        engine that breaks off meanwhile costs only a retry elsewhere."""
+        engine that breaks off meanwhile costs only a retry elsewhere. None
+        when it outgrew what the router holds (`upstream.HOLD_ANSWER_BYTES`)
+        before its end: the caller relays it as it comes."""
         done = exchange.done
         try:
-            if done.done():  # a small answer comes whole with its headers: no timer
-                done.result()
-            else:
+            if not done.done():  # a small answer comes whole with its headers: no timer
                 async with asyncio.timeout_at(deadline):
-                    await done
+                    await exchange.filled()
+                if not done.done():
+                    return None
+            done.result()
         except UpstreamError as error:
             raise UpstreamFailed("broken_answer") from error
         except TimeoutError:
@@ -674,22 +681,30 @@ class Proxy:
         request_id: str,
         first_chunk_by: float,
         deadline: float,
+        events: bool,
     ) -> tuple[Streamed, str | None]:
-        """Relay a streamed answer; the second value says why it broke off
-        after its first byte (then the client got an SSE error event)."""
+        """Relay an answer as it comes; the second value says why it broke
+        off after its first byte. Then a client of an event stream (`events`)
+        gets an SSE error event; of a plain answer, its connection is cut
+        before the body's end, which HTTP/1.1 clients report as an
+        incomplete answer (to an HTTP/1.0 client, whose body the connection's
+        end ends, it looks whole: vLLM sends a plain answer's length, which
+        the router's chunks do not carry)."""
         headers[REQUEST_ID_HEADER] = request_id  # sent now, with the first bytes
-        held = exchange.take()
-        # Its headers wait for the first chunk, to go out in one write with
-        # it: one system call and one client wake-up fewer per stream, on
-        # the path to the first token.
+        # A stream's headers wait for its first chunk, to go out in one write
+        # with it: one system call and one client wake-up fewer per stream,
+        # on the path to the first token. The megabytes held of a plain
+        # answer go out as the relay's chunks, not joined in one more copy.
+        held = exchange.take() if events else b""
         request.stream_head(status, headers, held)
         # From here each network read from the engine is written to the
         # client in the same callback (no task switch per chunk); this task
         # only waits for the end.
         stall = self.config.timeouts.stall_seconds
-        if held:
-            # The first chunk came already (it was awaited before the
-            # headers went out): the next one is due within the stall deadline.
+        if exchange.begun.done():
+            # Body bytes came already (a stream's first chunk was awaited
+            # before its headers went out): the next are due within the
+            # stall deadline.
             first_chunk_by = exchange.loop.time() + stall
         relay = ChunkRelay(
             request.transport,
@@ -712,9 +727,12 @@ class Proxy:
         finally:
             relay.stop()
         if failure is not None:
-            # What OpenAI clients raise on (an error object in the data);
-            # the blank lines end any event the engine left cut short.
-            request.stream_write(sse_error(502, failure))
+            if events:
+                # What OpenAI clients raise on (an error object in the data);
+                # the blank lines end any event the engine left cut short.
+                request.stream_write(sse_error(502, failure))
+            else:
+                request.transport.abort()  # no last chunk: the body is unfinished
         return Streamed(status), failure
 
 

@@ -25,6 +25,16 @@ from shoal.router.deadlines import Deadline, Deadlines
 
 Sink = Callable[[bytes], None]
 
+# Of a plain (not streamed) answer the router holds this much before the
+# client gets any of it, so an engine that fails within it costs a retry
+# elsewhere; past it (or past the pool's budget for all answers together)
+# the answer is relayed as it comes. vLLM writes a plain answer in one go
+# once it is generated, so a failure within a large one is rare; holding
+# answers whole (logprobs of `n` long completions, a batch of embeddings run
+# to hundreds of MiB) would let a few requests run the router out of memory.
+HOLD_ANSWER_BYTES = 8 << 20
+HOLD_TOTAL_BYTES = 256 << 20
+
 
 class UpstreamError(Exception):
     """The exchange failed; `answered` says whether response bytes arrived first."""
@@ -59,10 +69,13 @@ class Exchange(asyncio.Protocol):
     """One connection to an engine; carries one request and answer at a time.
 
     Body bytes go to the attached sink as they arrive, or are held until a
-    sink is attached (between the headers and the caller's `attach`)."""
+    sink is attached (between the headers and the caller's `attach`), within
+    the pool's hold limits (`filled`)."""
 
     def __init__(self, pool: Pool, address: Address) -> None:
         self._pool = pool
+        self._held: list[bytes] = []
+        self._held_bytes = 0
         # Kept: asyncio.get_running_loop() is a getpid() system call on 3.11.
         self.loop = asyncio.get_running_loop()
         self.address = address
@@ -79,8 +92,10 @@ class Exchange(asyncio.Protocol):
         self.done: asyncio.Future[None] = loop.create_future()
         # The answer's first body bytes came (or its end, for an empty body).
         self.begun: asyncio.Future[None] = loop.create_future()
+        # Made by `filled`, only for answers held to their end.
+        self._filled: asyncio.Future[None] | None = None
         self._headers: list[tuple[bytes, bytes]] = []
-        self._held: list[bytes] = []
+        self._unhold()
         self._sink: Sink | None = None
         self._on_first: Callable[[int], None] | None = None
         self._status = 0
@@ -118,10 +133,23 @@ class Exchange(asyncio.Protocol):
 
     def attach(self, sink: Sink) -> None:
         """Deliver the body to `sink` from now on, held bytes first."""
-        held, self._held = self._held, []
+        held = self._held
+        self._unhold()
         for chunk in held:
             sink(chunk)
         self._sink = sink
+
+    def filled(self) -> asyncio.Future[None]:
+        """Done when the answer is whole, or sooner, with `done` still
+        pending, once its held body passed the pool's hold limits (the
+        caller then `take`s it and relays the rest); fails as `done` does."""
+        if self._filled is None:
+            self._filled = self.loop.create_future()
+            if self.done.done():
+                _settle_like(self._filled, self.done)
+            elif self._pool.holding_too_much(self._held_bytes):
+                self._filled.set_result(None)
+        return self._filled
 
     def body(self) -> bytes:
         """The whole held body (for an answer read to its end unattached)."""
@@ -129,7 +157,8 @@ class Exchange(asyncio.Protocol):
 
     def take(self) -> bytes:
         """What has arrived of the body so far, no longer held."""
-        held, self._held = self.body(), []
+        held = self.body()
+        self._unhold()
         return held
 
     def pause(self) -> None:
@@ -157,6 +186,7 @@ class Exchange(asyncio.Protocol):
         otherwise closed, so an engine still answering sees its client gone
         and stops."""
         self.disarm()
+        self._unhold()
         transport = self.transport
         if (
             self._complete
@@ -232,6 +262,16 @@ class Exchange(asyncio.Protocol):
         sink = self._sink
         if sink is None:
             self._held.append(chunk)
+            size = len(chunk)
+            self._held_bytes += size
+            self._pool.held_bytes += size
+            filled = self._filled
+            if (
+                filled is not None
+                and not filled.done()
+                and self._pool.holding_too_much(self._held_bytes)
+            ):
+                filled.set_result(None)
         else:
             sink(chunk)
 
@@ -246,8 +286,8 @@ class Exchange(asyncio.Protocol):
     # ----
     def _finish(self) -> None:
         self._complete = True
-        for future in (self.begun, self.done):
-            if not future.done():
+        for future in (self.begun, self.done, self._filled):
+            if future is not None and not future.done():
                 future.set_result(None)
 
     def _late(self) -> None:
@@ -256,11 +296,26 @@ class Exchange(asyncio.Protocol):
 
     def _fail(self, reason: str, *, timeout: bool = False) -> None:
         error = (UpstreamTimeout if timeout else UpstreamError)(reason, answered=self._answered)
-        for future in (self.head, self.begun, self.done):
-            if not future.done():
+        for future in (self.head, self.begun, self.done, self._filled):
+            if future is not None and not future.done():
                 future.set_exception(error)
                 # Nobody may be waiting any more (an aborted request).
                 future.exception()
+
+    def _unhold(self) -> None:
+        """The held body is handed on or dropped: out of the pool's count."""
+        self._pool.held_bytes -= self._held_bytes
+        self._held_bytes = 0
+        self._held = []
+
+
+def _settle_like(future: asyncio.Future[None], done: asyncio.Future[None]) -> None:
+    error = done.exception()
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+        future.exception()  # retrieved: its owner may await `done` instead
 
 
 # vLLM closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, as
@@ -275,17 +330,33 @@ class Pool:
     the answers on them.
 
     An idle connection is not reused past `idle_seconds`; one timer per pool,
-    not one per request, closes those left idle that long."""
+    not one per request, closes those left idle that long. `held_bytes`:
+    of the answers held to their end, what has come so far, together."""
 
-    def __init__(self, *, connect_seconds: float, idle_seconds: float = IDLE_SECONDS) -> None:
+    def __init__(
+        self,
+        *,
+        connect_seconds: float,
+        idle_seconds: float = IDLE_SECONDS,
+        hold_answer_bytes: int = HOLD_ANSWER_BYTES,
+        hold_total_bytes: int = HOLD_TOTAL_BYTES,
+    ) -> None:
         self.connect_seconds = connect_seconds
         self.idle_seconds = idle_seconds
+        self.hold_answer_bytes = hold_answer_bytes
+        self.hold_total_bytes = hold_total_bytes
+        self.held_bytes = 0
         self.deadlines = Deadlines()
         # Per address, in the order they were put back (the oldest first).
         self._idle: dict[Address, list[Exchange]] = {}
         self._addresses: dict[str, Address] = {}
         self._tls: ssl.SSLContext | None = None
         self._sweep: asyncio.TimerHandle | None = None
+
+    def holding_too_much(self, answer_bytes: int) -> bool:
+        """An answer holding `answer_bytes` is past the limits: its own or,
+        with the others', the pool's."""
+        return answer_bytes > self.hold_answer_bytes or self.held_bytes > self.hold_total_bytes
 
     def address(self, url: str) -> Address:
         address = self._addresses.get(url)
