@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from shoal.procs import wait_until
+from shoal.procs import start_router, wait_until
 from tests.integration.procs import MODEL, engine_metric, router, set_fault, sims
 
 POISON = "POISONED-PROMPT"
@@ -197,3 +197,41 @@ def test_an_engine_whose_metrics_are_nan_is_taken_as_busy_and_loses_no_request(
         name = lying[0].removeprefix("http://")
         unknown = router_counts(front, "shoal_router_scrape_failures_total")
         assert unknown.get(f'{{replica="{name}"}}', 0) >= 2, unknown
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_an_engine_whose_metrics_never_end_is_not_read_whole_and_loses_no_request(
+    tmp_path: Path,
+) -> None:
+    # A runaway exporter: the scrape, then text without end, as fast as it is
+    # read. Each scrape may wait up to 2 s for its answer; read whole meanwhile
+    # it would be gigabytes of the router's memory, every round.
+    with (
+        sims(1, tmp_path, extra=["--sim-broken-metrics", "endless"]) as runaway,
+        sims(1, tmp_path / "..") as healthy,
+        start_router(
+            log=tmp_path / "router.log",
+            config={"replicaHeader": True},
+            endpoints=[*runaway, *healthy],
+        ) as front,
+    ):
+        front.wait_http("/ready", timeout=20)
+        before = _peak_rss_mib(front.pid)
+        time.sleep(3.0)  # scrape rounds
+        for i in range(12):
+            prompt = f"a prompt with its own prefix {i} " * 8
+            answer = httpx.post(front.url + "/v1/completions", json=completion(prompt), timeout=10)
+            assert answer.status_code == 200, answer.text
+        grown = _peak_rss_mib(front.pid) - before
+        assert grown < 64, f"router peak grew {grown:.0f} MiB"
+        name = runaway[0].removeprefix("http://")
+        unknown = router_counts(front.url, "shoal_router_scrape_failures_total")
+        assert unknown.get(f'{{replica="{name}"}}', 0) >= 2, unknown
+    log = (tmp_path / "router.log").read_text()
+    assert "larger than" in log and "Traceback" not in log, log

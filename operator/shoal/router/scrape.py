@@ -43,6 +43,7 @@ from shoal.engine.errors import BadMetrics
 from shoal.engine.metrics import MetricsSnapshot, parse
 from shoal.router.fleet import Fleet, Replica
 from shoal.router.metrics import RouterMetrics
+from shoal.router.reads import read_whole
 
 log = logging.getLogger("shoal.router.scrape")
 
@@ -205,7 +206,8 @@ class Scraper:
             async with self.session.get(replica.endpoint.url + endpoints.METRICS) as response:
                 if response.status != 200:
                     return None, f"HTTP {response.status}"
-                return parse(await response.text()), ""
+                raw = await read_whole(response, limit=endpoints.MAX_ANSWER_BYTES)
+                return parse(raw.decode("utf-8", "replace")), ""
         except TimeoutError:
             return None, f"no answer within {self.answer_limit:g} s"
         except (aiohttp.ClientError, BadMetrics, ValueError) as error:

@@ -166,7 +166,7 @@ class EngineApp:
             )
         )
 
-    async def metrics(self, _: web.Request) -> web.StreamResponse:
+    async def metrics(self, request: web.Request) -> web.StreamResponse:
         mode = self.engine.faults.metrics
         if mode == "error":
             return web.Response(status=500, text="Internal Server Error")
@@ -181,6 +181,8 @@ class EngineApp:
         body = self.engine.metrics.exposition()
         if mode == "nan":
             body = _SAMPLE_VALUE.sub(rb"\1 NaN", body)
+        if mode == "endless":
+            return await _endless(request, body, content_type=CONTENT_TYPE_LATEST)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def tokenize(self, request: web.Request) -> web.StreamResponse:
@@ -392,3 +394,18 @@ def json_response(
         status=status,
         headers={"Content-Type": "application/json", **(headers or {})},
     )
+
+
+# What the "endless" metrics fault pads with: comment lines, 64 KiB a write.
+_PADDING = b"# runaway exporter\n" * 3450
+
+
+async def _endless(request: web.Request, scrape: bytes, *, content_type: str) -> web.StreamResponse:
+    """The scrape, then comment lines until the reader goes away."""
+    response = web.StreamResponse(headers={"Content-Type": content_type})
+    await response.prepare(request)
+    await response.write(scrape)
+    with contextlib.suppress(ConnectionError):
+        while True:
+            await response.write(_PADDING)  # waits while the reader's window is full
+    return response

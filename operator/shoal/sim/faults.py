@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-METRICS_MODES = ("ok", "error", "garbage", "hang", "nan")
+METRICS_MODES = ("ok", "error", "garbage", "hang", "nan", "endless")
 CONNECTION_MODES = ("ok", "reset")
 # Requests to this path pass a "reset" fault, so it can be lifted again.
 FAULT_PATH = "/_sim/fault"
@@ -30,8 +30,10 @@ class Faults:
     # Every step takes this many times longer.
     slowness: float = 1.0
     # /metrics: "ok", "error" (500), "garbage" (not Prometheus text), "hang"
-    # (never answers) or "nan" (well-formed, every value NaN: an exporter that
-    # lies, as a gauge set from a division by zero would).
+    # (never answers), "nan" (well-formed, every value NaN: an exporter that
+    # lies, as a gauge set from a division by zero would) or "endless" (the
+    # scrape, then comment lines without end, as fast as they are read: a
+    # runaway exporter, which a reader must not hold whole).
     metrics: str = "ok"
     # Connections: "ok", or "reset": every request but those to /_sim/fault
     # is answered by a TCP reset (RST) and no response, as when the network
