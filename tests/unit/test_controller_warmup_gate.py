@@ -6,6 +6,7 @@ from (inline, ConfigMap YAML, router hot prefixes) and the status a user reads."
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -242,3 +243,11 @@ def test_hot_prefixes_of_several_routers_are_merged_by_their_summed_counts() -> 
         Prompt(text="tenant a"),
     ]
     assert merged_hot_prefixes([idle, {"error": "disabled"}]) == []
+    # A count that is not a number of requests weighs nothing: a NaN would
+    # leave the order to chance, and one router's infinity would outweigh all.
+    garbled = {"prefixes": [{"prompt": "tenant c", "count": c} for c in (math.nan, math.inf)]}
+    assert merged_hot_prefixes([garbled, busy]) == [
+        Prompt(text="tenant a"),
+        Prompt(text="tenant b"),
+        Prompt(text="tenant c"),
+    ]

@@ -67,6 +67,7 @@ def test_the_served_json_reads_back_as_the_same_progress() -> None:
         {"bytes": "x", "totalBytes": 4},
         {"bytes": -1, "totalBytes": 4},
         {"bytes": 1, "totalBytes": 4, "bytesPerSecond": float("nan")},
+        {"bytes": float("inf"), "totalBytes": 4},  # JSON's 1e999, or Infinity
     ],
 )
 def test_anything_but_a_progress_is_no_progress(body: object) -> None:

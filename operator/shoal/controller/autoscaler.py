@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from kr8s.asyncio.objects import new_class
 
 from shoal.api import API_VERSION, KIND
@@ -48,6 +47,7 @@ from shoal.controller.reconcile import now_text, parse, router_pods
 from shoal.controller.retire import order_text, removal_order, replica_loads
 from shoal.engine.client import METRICS_DEADLINE_SECONDS
 from shoal.engine.endpoints import base_url
+from shoal.engine.errors import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -253,11 +253,11 @@ async def _read_routers(
 
 async def _read_router(ctx: OperatorContext, ip: str) -> RouterDemand | None:
     try:
-        response = await ctx.engine.http.get(
-            base_url(ip, port=ROUTER_PORT) + "/metrics", timeout=METRICS_DEADLINE_SECONDS
+        response = await ctx.engine.get(
+            base_url(ip, port=ROUTER_PORT) + "/metrics", deadline=METRICS_DEADLINE_SECONDS
         )
-        if response.status_code != 200:
+        if response.status != 200:
             return None
         return parse_router_demand(response.text)
-    except (httpx.HTTPError, ValueError):
+    except (EngineError, ValueError):
         return None

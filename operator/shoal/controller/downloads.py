@@ -16,8 +16,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-import httpx
-
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import ConditionStatus
 from shoal.controller import cache
@@ -26,6 +24,8 @@ from shoal.controller.identity import ClusterRef, Manifest
 from shoal.controller.kube import KubeApi
 from shoal.controller.names import ANNOTATION_SPEC_HASH
 from shoal.download.progress import Progress, from_json
+from shoal.engine.client import EngineClient
+from shoal.engine.errors import EngineError
 
 Apply = Callable[[Manifest], Awaitable[bool]]
 log = logging.getLogger(__name__)
@@ -43,11 +43,11 @@ async def prepare_model(
     image: str,
     pull_secrets: Sequence[str],
     apply: Apply,
-    http: httpx.AsyncClient,
+    engine: EngineClient,
 ) -> cache.Download | None:
     """The download's state, after making what it still needs; None without
     a shared cache. apply: the reconciler's (stamps the hash, notes refusals);
-    http: the operator's pool (its engine client's)."""
+    engine: the operator's client, which reads the progress."""
     job_manifest = cache.build_download_job(ref, spec, image=image, pull_secrets=pull_secrets)
     if job_manifest is None:
         return None
@@ -69,17 +69,17 @@ async def prepare_model(
         await kube.delete("batch/v1", "Job", ref.namespace, name, uid=uid)
         job, pods = None, []
     url = cache.progress_url(pods)
-    progress = await read_progress(http, url) if url is not None else None
+    progress = await read_progress(engine, url) if url is not None else None
     return cache.download_state(job, pods, name=name, progress=progress)
 
 
-async def read_progress(http: httpx.AsyncClient, url: str) -> Progress | None:
+async def read_progress(engine: EngineClient, url: str) -> Progress | None:
     """What the download pod serves; None when it cannot say (starting, an
     older image, a network policy in the way)."""
     try:
-        response = await http.get(url, timeout=PROGRESS_DEADLINE_SECONDS)
-        found = from_json(response.json()) if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError) as error:
+        response = await engine.get(url, deadline=PROGRESS_DEADLINE_SECONDS)
+        found = from_json(response.json()) if response.status == 200 else None
+    except (EngineError, ValueError) as error:
         log.debug("no download progress from %s: %s", url, error)
         return None
     return found

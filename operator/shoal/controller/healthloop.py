@@ -17,13 +17,12 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import httpx
-
 from shoal.api.spec import HealthSpec
 from shoal.controller.identity import ClusterRef
 from shoal.controller.names import ENGINE_PORT, ROUTER_PORT
 from shoal.engine.client import HEALTH_DEADLINE_SECONDS, METRICS_DEADLINE_SECONDS, EngineClient
 from shoal.engine.endpoints import base_url
+from shoal.engine.errors import EngineError
 from shoal.health.assess import Assessment, HealthTracker, Probe
 from shoal.health.probe import probe
 from shoal.health.router_errors import (
@@ -137,13 +136,13 @@ class HealthChecks:
 
     async def _router_counts(self, ip: str) -> dict[str, Routed] | None:
         try:
-            response = await self._engine.http.get(
-                base_url(ip, port=ROUTER_PORT) + "/metrics", timeout=METRICS_DEADLINE_SECONDS
+            response = await self._engine.get(
+                base_url(ip, port=ROUTER_PORT) + "/metrics", deadline=METRICS_DEADLINE_SECONDS
             )
-            if response.status_code != 200:
+            if response.status != 200:
                 return None
             return parse_router_requests(response.text)
-        except (httpx.HTTPError, ValueError):
+        except (EngineError, ValueError):
             return None
 
     def _assess(

@@ -204,7 +204,7 @@ async def _reconcile(
             image=ctx.settings.router_image,
             pull_secrets=ctx.settings.router_pull_secrets,
             apply=lambda manifest: _apply(ctx, ref, manifest, refused),
-            http=ctx.engine.http,
+            engine=ctx.engine,
         )
         if download is not None and not download.complete:
             desired = None  # engines start, or roll, only once their model is there

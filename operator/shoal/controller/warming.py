@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import httpx
 import yaml
 
 from shoal.api.router import INTERNAL_PORT
@@ -24,6 +24,7 @@ from shoal.controller.observe import PodFacts
 from shoal.controller.probes import engine_key
 from shoal.engine.client import EngineClient
 from shoal.engine.endpoints import base_url
+from shoal.engine.errors import EngineError
 from shoal.warmup.prompts import Prompt, combine, from_object
 from shoal.warmup.runner import warm
 from shoal.warmup.verify import Verdict
@@ -84,7 +85,10 @@ def merged_hot_prefixes(answers: Iterable[Any]) -> list[Prompt]:
             except ValueError:
                 continue
             count = prefix.get("count") if isinstance(prefix, dict) else None
-            weight = count if isinstance(count, int | float) else 0
+            # Not a number of requests (a NaN would leave the order to
+            # chance, an infinity outweigh every other router): no weight.
+            weight = float(count) if isinstance(count, int | float) else 0.0
+            weight = weight if math.isfinite(weight) else 0.0
             counts[prompt] = counts.get(prompt, 0) + weight
     # Stable: equal counts keep the order the routers listed them in.
     return sorted(counts, key=lambda prompt: -counts[prompt])
@@ -144,7 +148,7 @@ class Warmups:
         warmup = spec.warmup
         async with self._limit:
             try:
-                prompts = await _prompts(kube, ref, spec, http=self._engine.http)
+                prompts = await _prompts(kube, ref, spec, engine=self._engine)
                 key = await engine_key(kube, namespace=ref.namespace, spec=spec)
             except Exception as error:
                 message = f"could not read warm-up prompts or the engines' API key: {error}"
@@ -176,7 +180,7 @@ class Warmups:
 
 
 async def _prompts(
-    kube: KubeApi, ref: ClusterRef, spec: VLLMClusterSpec, *, http: httpx.AsyncClient
+    kube: KubeApi, ref: ClusterRef, spec: VLLMClusterSpec, *, engine: EngineClient
 ) -> list[Prompt]:
     warmup = spec.warmup
     sources: list[list[Prompt]] = [inline_prompts(warmup.prompts)]
@@ -186,22 +190,23 @@ async def _prompts(
         if content:
             sources.append(config_map_prompts(content))
     if warmup.hot_prefixes and spec.router.hot_prefixes.enabled:
-        sources.append(await _hot_prefixes(kube, ref, http=http))
+        sources.append(await _hot_prefixes(kube, ref, engine=engine))
     return combine(sources, max_prompts=warmup.max_prompts)
 
 
-async def _hot_prefixes(kube: KubeApi, ref: ClusterRef, *, http: httpx.AsyncClient) -> list[Prompt]:
+async def _hot_prefixes(kube: KubeApi, ref: ClusterRef, *, engine: EngineClient) -> list[Prompt]:
     """Every router pod's hot prefixes, merged (`merged_hot_prefixes`); none
     when no router answers."""
     pods = await kube.list("v1", "Pod", ref.namespace, selector_text(router_selector(ref.name)))
     ips = [ip for pod in pods if (ip := (pod.get("status") or {}).get("podIP"))]
-    return merged_hot_prefixes(await asyncio.gather(*(_read_hot(ip, http=http) for ip in ips)))
+    found = await asyncio.gather(*(_read_hot(ip, engine=engine) for ip in ips))
+    return merged_hot_prefixes(found)
 
 
-async def _read_hot(ip: str, *, http: httpx.AsyncClient) -> Any:
+async def _read_hot(ip: str, *, engine: EngineClient) -> Any:
     url = base_url(ip, port=INTERNAL_PORT) + "/hot-prefixes"
     try:
-        answer = await http.get(url, timeout=HOT_PREFIXES_TIMEOUT_SECONDS)
-        return answer.json() if answer.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
+        answer = await engine.get(url, deadline=HOT_PREFIXES_TIMEOUT_SECONDS)
+        return answer.json() if answer.status == 200 else None
+    except (EngineError, ValueError):
         return None

@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.live import Live
@@ -39,6 +38,7 @@ from shoal.bench.report import ideal_caption, results_table
 from shoal.bench.workloads import Workload, synthetic
 from shoal.demo.view import Snapshot, render
 from shoal.engine.client import EngineClient
+from shoal.engine.errors import EngineError
 from shoal.router.metrics import LOAD_SCORE
 from shoal.sim.profiles import DEFAULT_PROFILE, PROFILES
 
@@ -150,9 +150,9 @@ def load_scores(text: str) -> dict[str, float]:
 
 async def _router_scores(engine: EngineClient, router: str) -> Mapping[str, float]:
     try:
-        response = await engine.http.get(router + "/metrics", timeout=1.0)
+        response = await engine.get(router + "/metrics", deadline=1.0)
         return load_scores(response.text)
-    except (httpx.HTTPError, ValueError):
+    except (EngineError, ValueError):
         return {}
 
 

@@ -68,7 +68,7 @@ def from_json(body: object) -> Progress | None:
             files=int(body.get("files") or 0),
             total_files=int(body.get("totalFiles") or 0),
         )
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         return None
     numbers = (found.bytes, found.total_bytes, found.files, found.total_files)
     if min(numbers) < 0 or not math.isfinite(found.bytes_per_second):

@@ -8,13 +8,16 @@ simulator's server, and the router's data path has its own connections).
 
 One `EngineClient` (one connection pool) per owner: the operator's context,
 one CLI run, one benchmark run; never one per request. Every call has its own
-deadline over the whole exchange, and says what went wrong as a type
-(`shoal.engine.errors`).
+deadline over the whole exchange, reads at most MAX_ANSWER_BYTES, and says
+what went wrong as a type (`shoal.engine.errors`). The operator's other
+reads (routers' /metrics and /hot-prefixes, a download's progress) go
+through `get`, bounded alike.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -22,6 +25,7 @@ from typing import Any
 import httpx
 
 from shoal.engine import endpoints
+from shoal.engine.endpoints import MAX_ANSWER_BYTES
 from shoal.engine.errors import BadAnswer, ErrorStatus, TimedOut, Unreachable
 from shoal.engine.metrics import MetricsSnapshot, parse
 
@@ -32,6 +36,26 @@ CANARY_PROMPT = "shoal canary"
 # Below uvicorn's 5 s keep-alive (vLLM's server), so a pooled connection is
 # never one the engine is closing at that moment.
 KEEPALIVE_SECONDS = 4.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A whole HTTP answer, read within its deadline and MAX_ANSWER_BYTES."""
+
+    status: int
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        """The body as JSON; ValueError if it is not, or nests deeper than
+        Python's recursion limit lets it be read."""
+        try:
+            return json.loads(self.body)
+        except RecursionError as error:
+            raise ValueError("JSON nested too deep") from error
 
 
 @dataclass(frozen=True)
@@ -57,12 +81,10 @@ class EngineClient:
     def with_key(self, key: str | None) -> EngineClient:
         """A client for engines started with `key` (None: without one) over
         this client's pool; this client's owner closes the pool."""
-        return EngineClient(http=self.http, key=key)
+        return EngineClient(http=self._pool(), key=key)
 
-    @property
-    def http(self) -> httpx.AsyncClient:
-        """The pool, made on first use; shoal's other control-plane HTTP (the
-        router's /metrics and /hot-prefixes) goes through it too."""
+    def _pool(self) -> httpx.AsyncClient:
+        """The pool, made on first use."""
         if self._http is None:
             limits = httpx.Limits(
                 max_connections=100,
@@ -93,7 +115,7 @@ class EngineClient:
         once its engine core died. A hung engine still answers 200 (see the
         canary)."""
         response = await self._exchange("GET", endpoint, endpoints.HEALTH, deadline=deadline)
-        return response.status_code
+        return response.status
 
     async def metrics(
         self, endpoint: str, *, deadline: float = METRICS_DEADLINE_SECONDS
@@ -123,7 +145,7 @@ class EngineClient:
                 prompt_tokens=int(usage["prompt_tokens"]),
                 completion_tokens=int(usage.get("completion_tokens") or 0),
             )
-        except (ValueError, KeyError, TypeError) as error:
+        except (ValueError, KeyError, TypeError, OverflowError) as error:
             raise BadAnswer(f"{path} answered no usage: {error!r}") from error
 
     async def canary(self, endpoint: str, *, model: str, deadline: float) -> None:
@@ -142,7 +164,7 @@ class EngineClient:
         )
         try:
             return [int(token) for token in response.json()["tokens"]]
-        except (ValueError, KeyError, TypeError) as error:
+        except (ValueError, KeyError, TypeError, OverflowError) as error:
             raise BadAnswer(f"{endpoints.TOKENIZE} answered no tokens: {error!r}") from error
 
     async def version(self, endpoint: str, *, deadline: float = METRICS_DEADLINE_SECONDS) -> str:
@@ -160,10 +182,10 @@ class EngineClient:
         *,
         deadline: float,
         body: dict[str, Any] | None = None,
-    ) -> httpx.Response:
+    ) -> Answer:
         response = await self._exchange(method, endpoint, path, deadline=deadline, body=body)
-        if response.status_code != 200:
-            raise ErrorStatus(path=path, status=response.status_code, text=response.text)
+        if response.status != 200:
+            raise ErrorStatus(path=path, status=response.status, text=response.text)
         return response
 
     async def _exchange(
@@ -174,16 +196,40 @@ class EngineClient:
         *,
         deadline: float,
         body: dict[str, Any] | None = None,
-    ) -> httpx.Response:
+    ) -> Answer:
         url = endpoint.rstrip("/") + path
+        return await self._read(method, url, path, deadline=deadline, body=body)
+
+    async def get(self, url: str, *, deadline: float) -> Answer:
+        """GET any control-plane URL (a router's /metrics, a download's
+        progress) within `deadline` and MAX_ANSWER_BYTES; EngineError if not."""
+        return await self._read("GET", url, url, deadline=deadline)
+
+    async def _read(
+        self,
+        method: str,
+        url: str,
+        what: str,
+        *,
+        deadline: float,
+        body: dict[str, Any] | None = None,
+    ) -> Answer:
         try:
             # httpx's timeout bounds each phase; the deadline is over the whole
             # exchange, as an engine trickling bytes is no healthier.
-            async with asyncio.timeout(deadline):
-                return await self.http.request(
+            async with (
+                asyncio.timeout(deadline),
+                self._pool().stream(
                     method, url, json=body, headers=self._headers, timeout=deadline
-                )
+                ) as response,
+            ):
+                read = bytearray()
+                async for chunk in response.aiter_bytes():
+                    read += chunk
+                    if len(read) > MAX_ANSWER_BYTES:
+                        raise BadAnswer(f"{what}: answer larger than {MAX_ANSWER_BYTES} bytes")
+                return Answer(response.status_code, bytes(read))
         except (TimeoutError, httpx.TimeoutException) as error:
-            raise TimedOut(f"{path}: no answer within {deadline:g}s") from error
+            raise TimedOut(f"{what}: no answer within {deadline:g}s") from error
         except httpx.HTTPError as error:
-            raise Unreachable(f"{path}: {error!r}") from error
+            raise Unreachable(f"{what}: {error!r}") from error
