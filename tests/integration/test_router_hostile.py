@@ -124,6 +124,55 @@ def test_hop_by_hop_headers_of_an_answer_do_not_reach_the_client(tmp_path: Path)
         assert name not in answer.headers, answer.headers
 
 
+class _GarbledModelsEngine(BaseHTTPRequestHandler):
+    """An engine whose /v1/models answers `body` (anything else: 404)."""
+
+    body = b""
+
+    def do_GET(self) -> None:
+        body = type(self).body if self.path == "/v1/models" else b""
+        self.send_response(200 if body else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[]",
+        b'"models"',
+        b'{"data": 5}',
+        b'{"data": [1, "x", {"id": "also-served"}]}',
+        b"[" * 100_000 + b"]" * 100_000,
+    ],
+    ids=["list", "string", "data not a list", "odd entries", "nested too deep"],
+)
+def test_an_engine_garbling_its_model_list_leaves_the_routers_list_to_the_others(
+    tmp_path: Path, body: bytes
+) -> None:
+    _GarbledModelsEngine.body = body
+    garbled = ThreadingHTTPServer(("127.0.0.1", 0), _GarbledModelsEngine)
+    threading.Thread(target=garbled.serve_forever, daemon=True).start()
+    try:
+        with (
+            sims(1, tmp_path) as urls,
+            router([*urls, f"http://127.0.0.1:{garbled.server_address[1]}"], tmp_path) as front,
+        ):
+            answer = httpx.get(front + "/v1/models", timeout=10)
+    finally:
+        garbled.shutdown()
+        garbled.server_close()
+    assert answer.status_code == 200, answer.text
+    served = {model["id"] for model in answer.json()["data"]}
+    assert MODEL in served and served <= {MODEL, "also-served"}, served
+    assert "Traceback" not in (tmp_path / "router.log").read_text()
+
+
 def test_a_router_bug_answers_an_openai_shaped_500_and_logs_one_line(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

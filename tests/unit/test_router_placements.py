@@ -166,7 +166,7 @@ def test_an_honest_answer_round_trips() -> None:
 
 
 async def _peer(
-    handler: Callable[[web.Request], Awaitable[web.Response]],
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
 ) -> tuple[web.AppRunner, str]:
     """A peer router's placements on loopback, answered by handler."""
     app = web.Application()
@@ -221,6 +221,51 @@ def test_a_peer_that_answers_garbage_or_too_much_records_nothing_and_is_read_aga
     assert len(reads) >= 4
     # The cursor follows the accepted answer only.
     assert all(r.get("after") == "0" for r in reads[:4])
+
+
+def test_an_answer_in_pieces_is_read_whole_and_one_nested_too_deep_stops_no_follower() -> None:
+    """A large answer reaches the reader in several network reads; before,
+    the first piece alone was decoded (and refused). JSON nested past
+    Python's recursion limit raised RecursionError, which ended the
+    follower: that peer's placements were never read again."""
+    good = json.dumps(
+        {"epoch": "e", "next": 1, "placements": [[f"r{i}", [i + 1]] for i in range(300)]}
+    ).encode()
+    deep = b"[" * 100_000 + b"]" * 100_000
+    served = [deep, good]
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = served.pop(0) if served else b'{"epoch": "e", "next": 1, "placements": []}'
+        answer = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await answer.prepare(request)
+        half = len(body) // 2
+        await answer.write(body[:half])
+        await asyncio.sleep(0.05)  # the rest in another network read
+        await answer.write(body[half:])
+        await answer.write_eof()
+        return answer
+
+    async def scenario() -> list[tuple[str, list[int]]]:
+        runner, url = await _peer(handler)
+        recorded: list[tuple[str, list[int]]] = []
+        sync = PeerSync(
+            record=lambda r, h: recorded.append((r, list(h))),
+            max_hashes=48,
+            retry_seconds=(0.01, 0.05),
+        )
+        sync.set_peers([url])
+        try:
+            for _ in range(100):
+                if recorded:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await sync.close()
+            await runner.cleanup()
+        return recorded
+
+    recorded = asyncio.run(scenario())
+    assert len(recorded) == 300 and recorded[0] == ("r0", [1])
 
 
 def test_reads_of_a_peer_that_always_has_news_are_paced() -> None:

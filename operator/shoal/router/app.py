@@ -13,6 +13,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import generate_latest
 
+from shoal.engine.endpoints import MAX_ANSWER_BYTES
 from shoal.router.config import RouterConfig
 from shoal.router.connections import HttpServer
 from shoal.router.discovery import PodWatcher, static_endpoints
@@ -27,6 +28,7 @@ from shoal.router.metrics import RouterMetrics
 from shoal.router.placements import PLACEMENTS_PATH, WAIT_SECONDS, PeerSync, PlacementLog, encode
 from shoal.router.prefix import checkpoints
 from shoal.router.proxy import Proxy
+from shoal.router.reads import loads, read_whole
 from shoal.router.scrape import Scraper
 from shoal.router.tracing import Tracing
 
@@ -265,8 +267,9 @@ class Router:
                 ) as response:
                     if response.status != 200:
                         return []
-                    data = (await response.json()).get("data", [])
-                    return [m for m in data if isinstance(m, dict)]
+                    found = loads(await read_whole(response, limit=MAX_ANSWER_BYTES))
+                data = found.get("data") if isinstance(found, dict) else None
+                return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
             except (aiohttp.ClientError, TimeoutError, ValueError):
                 return []
 

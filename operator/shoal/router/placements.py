@@ -22,7 +22,6 @@ with their view of the caches instead of a cold one.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import uuid
@@ -32,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+
+from shoal.router.reads import loads, read_whole
 
 log = logging.getLogger("shoal.router.placements")
 
@@ -281,11 +282,8 @@ class PeerSync:
             if response.status != 200:
                 raise BadAnswer(f"status {response.status}")
             # Bounded: a peer is another pod, and its answer is read whole.
-            limit = max_answer_bytes(self.max_hashes)
-            raw = await response.content.read(limit + 1)
-            if len(raw) > limit:
-                raise BadAnswer("answer too large")
-            return decode(json.loads(raw), max_hashes=self.max_hashes)
+            raw = await read_whole(response, limit=max_answer_bytes(self.max_hashes))
+            return decode(loads(raw), max_hashes=self.max_hashes)
 
 
 def max_answer_bytes(max_hashes: int) -> int:
