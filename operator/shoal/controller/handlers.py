@@ -47,6 +47,8 @@ RESYNC_SECONDS = 60.0
 # Child events come in bursts (create, schedule, run, ready); one pass after a burst.
 DEBOUNCE_SECONDS = 0.1
 RETRY_SECONDS = 5.0
+# A failed pass is retried after this, doubled at each failure up to the most.
+FIRST_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 30.0
 
 _TRANSIENT = (ApiError, httpx.HTTPError, TimeoutError, OSError)
@@ -98,22 +100,36 @@ async def cluster_daemon(
     live = ctx.children.of(key)
     log = cluster_logger(*key)
     wake = ctx.wakeups.register(key)
-    backoff = 1.0
+    backoff = FIRST_BACKOFF_SECONDS
     try:
         while not stopped:
             wake.clear()
             started, ok = time.monotonic(), False
             try:
                 delay = await reconcile(ctx, body, state, live)
-                backoff, state.last_failure, ok = 1.0, None, True
-            except _TRANSIENT as error:
+                backoff, state.last_failure, ok = FIRST_BACKOFF_SECONDS, None, True
+            except Exception as error:
+                # Retried with backoff, the daemon and the cluster's memory
+                # kept: what failed may pass next time, and a pass that
+                # cannot (a bug) must not stop the others' health checks.
                 ok = False
-                log.warning("pass failed, retrying in %.0fs: %s", backoff, error)
-                if isinstance(error, ApiError) and str(error) != state.last_failure:
-                    # Refused writes (say, an invalid passed-through field) are
-                    # the user's to fix: say so once, not at every retry.
-                    ctx.post_event(body, Event(EventType.WARNING, "ReconcileFailed", str(error)))
-                state.last_failure = str(error)
+                foreseen = isinstance(error, _TRANSIENT)
+                failure = str(error) if foreseen else f"{type(error).__name__}: {error}"
+                if foreseen:
+                    log.warning("pass failed, retrying in %.0fs: %s", backoff, error)
+                else:
+                    log.exception("pass failed unexpectedly, retrying in %.0fs", backoff)
+                # Refused writes (say, an invalid passed-through field) are the
+                # user's to fix, a bug shoal's to report: either is said
+                # once, not at every retry.
+                if (isinstance(error, ApiError) or not foreseen) and failure != state.last_failure:
+                    message = (
+                        failure
+                        if foreseen
+                        else f"internal error ({failure}); the operator's log has its traceback"
+                    )
+                    ctx.post_event(body, Event(EventType.WARNING, "ReconcileFailed", message))
+                state.last_failure = failure
                 delay, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
             finally:
                 ctx.metrics.pass_finished(key, ok=ok, seconds=time.monotonic() - started)
