@@ -6,6 +6,7 @@ byte."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 import threading
@@ -235,6 +236,33 @@ def test_an_answer_is_held_within_its_own_limit_and_the_pools_budget() -> None:
         pool.close()
 
     asyncio.run(scenario())
+
+
+def test_an_answer_head_without_end_fails_at_its_bound_not_its_deadline() -> None:
+    """An engine (or whatever holds its address) sending header lines, or one
+    header value, without end: the parser would keep them all until the
+    first-byte deadline (120 s by default)."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Pad: ")
+        with contextlib.suppress(ConnectionError):
+            while True:
+                writer.write(b"a" * 65536)
+                await writer.drain()
+
+    async def scenario() -> UpstreamError:
+        pool = Pool(connect_seconds=1)
+        async with Server(script) as address:
+            exchange = await _exchange(pool, address)
+            with pytest.raises(UpstreamError) as failed:
+                await asyncio.wait_for(exchange.head, 10)
+            exchange.release()
+        pool.close()
+        return failed.value
+
+    error = asyncio.run(scenario())
+    assert "head" in str(error) and error.answered is False, error
 
 
 @pytest.mark.parametrize(

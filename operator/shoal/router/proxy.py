@@ -520,7 +520,9 @@ class Proxy:
                 try:
                     answer = await self._whole(exchange, status, headers, deadline=deadline)
                     if answer is None:
-                        # No engine's error runs to megabytes: a broken one.
+                        # An error past what the router holds (no engine's
+                        # runs to megabytes) cannot wait for a retry's
+                        # verdict: taken as a broken answer.
                         raise UpstreamFailed("broken_answer")
                 except UpstreamFailed:
                     verdict = Outcome.FAILED

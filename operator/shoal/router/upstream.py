@@ -34,6 +34,11 @@ Sink = Callable[[bytes], None]
 # to hundreds of MiB) would let a few requests run the router out of memory.
 HOLD_ANSWER_BYTES = 8 << 20
 HOLD_TOTAL_BYTES = 256 << 20
+# Read before an answer's head ends, past this the exchange fails: vLLM's
+# heads are a few hundred bytes, but the parser would keep header lines (or
+# one header value) without end until the first-byte deadline. The count
+# includes body bytes that come in the same network read as the head's end.
+MAX_HEAD_BYTES = 1 << 20
 
 
 class UpstreamError(Exception):
@@ -95,6 +100,7 @@ class Exchange(asyncio.Protocol):
         # Made by `filled`, only for answers held to their end.
         self._filled: asyncio.Future[None] | None = None
         self._headers: list[tuple[bytes, bytes]] = []
+        self._head_bytes = 0
         self._unhold()
         self._sink: Sink | None = None
         self._on_first: Callable[[int], None] | None = None
@@ -206,6 +212,11 @@ class Exchange(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        if self._busy and not self.head.done():
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self.abort(f"answer head larger than {MAX_HEAD_BYTES} bytes")
+                return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
