@@ -31,7 +31,7 @@ from shoal.controller.warming import (
     merged_hot_prefixes,
     warmup_policy,
 )
-from shoal.warmup.prompts import Prompt
+from shoal.warmup.prompts import MAX_PROMPT_CHARS, Prompt, combine
 from shoal.warmup.verify import Verdict
 from tests.unit.controller_samples import spec_of
 from tests.unit.test_controller_decide import NOW, desired_for, pod_for, set_for
@@ -169,13 +169,15 @@ def test_warm_up_prompts_come_from_the_spec_a_config_map_and_hot_prefixes() -> N
         Prompt(text="system prompt"),
         Prompt(messages=(("system", "be brief"),)),
     ]
-    assert config_map_prompts("- text: a\n- messages: [{role: user, content: b}]\n- c\n") == [
+    assert config_map_prompts(
+        "- text: a\n- messages: [{role: user, content: b}]\n- c\n", max_prompts=9
+    ) == [
         Prompt(text="a"),
         Prompt(messages=(("user", "b"),)),
         Prompt(text="c"),
     ]
     with pytest.raises(ValueError):
-        config_map_prompts("text: not a list")
+        config_map_prompts("text: not a list", max_prompts=9)
     chat = {"messages": [{"role": "system", "content": "hot two"}], "count": 5}
     broken = {"messages": [{"role": "user", "content": None}], "count": 3}
     answer = {"prefixes": [{"prompt": "hot one", "count": 9}, chat, broken, {"count": 1}]}
@@ -230,6 +232,25 @@ def test_status_shows_warming_then_serving_with_its_hit_ratio_or_held() -> None:
     [entry] = status["replicaStatuses"]
     assert entry["state"] == "Held"
     assert status["warmReplicas"] == 0
+
+
+def test_a_prompts_config_map_of_aliases_costs_what_its_prompts_may_weigh() -> None:
+    """Anyone who may write ConfigMaps in a cluster's namespace writes the
+    warm-up prompts, which the operator (shared by every namespace) reads:
+    YAML aliases made a 20 KB key into 1,000 prompts of 10,000 messages each
+    (10 million, read and hashed in the operator's loop), or prompts of
+    gigabytes when sent. Now: the first maxPrompts entries, each at most as
+    large as an inline prompt may be, its messages cut where their text
+    passes the size an inline prompt's text may have."""
+    chat = "- messages: &l [&m {role: user, content: x}" + ", *m" * 9_999 + "]\n"
+    bomb = chat + "- messages: *l\n" * 999
+    with pytest.raises(ValueError, match="at most 64 messages"):
+        config_map_prompts(bomb, max_prompts=256)
+    read = "- a\n" * 300 + "- 5\n"  # the entry past maxPrompts, bad, is never read
+    assert len(config_map_prompts(read, max_prompts=300)) == 300
+    long = "- messages: [&t {role: user, content: " + "y" * 60_000 + "}" + ", *t" * 63 + "]\n"
+    cut = combine([config_map_prompts(long, max_prompts=4)], max_prompts=4)
+    assert [p.size for p in cut] == [MAX_PROMPT_CHARS] and len(cut[0].messages or ()) == 2
 
 
 def test_hot_prefixes_of_several_routers_are_merged_by_their_summed_counts() -> None:

@@ -401,22 +401,29 @@ class RouterSpec(RouterSettings):
     )
 
 
+# The most a warm-up prompt may weigh, inline or from a ConfigMap.
+WARMUP_PROMPT_CHARS = 65536
+WARMUP_PROMPT_MESSAGES = 64
+
+
 class ChatMessage(ApiModel):
     """One message of a chat prompt."""
 
     role: Literal["system", "user", "assistant"] = Field(description="Who speaks.")
-    content: str = Field(max_length=65536, description="What is said.")
+    content: str = Field(max_length=WARMUP_PROMPT_CHARS, description="What is said.")
 
 
 class WarmupPrompt(ApiModel):
     """A warm-up prompt: plain text (completions) or chat messages, not both."""
 
     text: str | None = Field(
-        default=None, max_length=65536, description="A plain prompt, sent to /v1/completions."
+        default=None,
+        max_length=WARMUP_PROMPT_CHARS,
+        description="A plain prompt, sent to /v1/completions.",
     )
     messages: list[ChatMessage] | None = Field(
         default=None,
-        max_length=64,
+        max_length=WARMUP_PROMPT_MESSAGES,
         json_schema_extra={"x-kubernetes-list-type": "atomic"},
         description="Chat messages, sent to /v1/chat/completions.",
     )
@@ -428,7 +435,9 @@ class ConfigMapKeyRef(ApiModel):
     name: ObjectName = Field(description="Name of the ConfigMap.")
     key: DataKey = Field(
         default="prompts.yaml",
-        description="Key holding a YAML list of prompts, each {text: ...} or {messages: [...]}.",
+        description="Key holding a YAML list of prompts, each {text: ...} or {messages: [...]}: "
+        f"its first maxPrompts entries are read, each at most {WARMUP_PROMPT_MESSAGES} "
+        f"messages, cut to {WARMUP_PROMPT_CHARS} characters as sent.",
     )
 
 

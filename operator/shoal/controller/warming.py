@@ -56,12 +56,17 @@ def inline_prompts(prompts: Iterable[WarmupPrompt]) -> list[Prompt]:
     return out
 
 
-def config_map_prompts(content: str) -> list[Prompt]:
-    """A YAML list of prompts ({text: ...}, {messages: [...]} or plain strings)."""
+def config_map_prompts(content: str, *, max_prompts: int) -> list[Prompt]:
+    """A YAML list of prompts ({text: ...}, {messages: [...]} or plain
+    strings): its first max_prompts entries (no more are sent). Whoever may
+    write ConfigMaps in the namespace writes it, and YAML aliases can make a
+    small key name millions of messages: an entry is refused past the
+    messages an inline prompt may have (`from_object`), and cut to its size
+    when sent (`combine`)."""
     items = yaml.safe_load(content) or []
     if not isinstance(items, list):
         raise ValueError("the ConfigMap key must hold a YAML list of prompts")
-    return [from_object(item) for item in items]
+    return [from_object(item) for item in items[:max_prompts]]
 
 
 def hot_prefix_prompts(answer: Any) -> list[Prompt]:
@@ -188,7 +193,7 @@ async def _prompts(
         found = await kube.get("v1", "ConfigMap", ref.namespace, warmup.config_map.name)
         content = ((found or {}).get("data") or {}).get(warmup.config_map.key)
         if content:
-            sources.append(config_map_prompts(content))
+            sources.append(config_map_prompts(content, max_prompts=warmup.max_prompts))
     if warmup.hot_prefixes and spec.router.hot_prefixes.enabled:
         sources.append(await _hot_prefixes(kube, ref, engine=engine))
     return combine(sources, max_prompts=warmup.max_prompts)

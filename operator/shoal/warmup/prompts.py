@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shoal.api.spec import WARMUP_PROMPT_CHARS, WARMUP_PROMPT_MESSAGES
 from shoal.engine import endpoints
 from shoal.router.shapes import Shape, chat_form
 
-MAX_PROMPT_CHARS = 64 * 1024
+# As inline prompts may be (ConfigMap keys and hot prefixes are cut to it).
+MAX_PROMPT_CHARS = WARMUP_PROMPT_CHARS
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,22 @@ class Prompt:
             return sum(len(c) for _, c in self.messages)
         return len(self.text or "")
 
+    def cut(self, max_chars: int) -> Prompt:
+        """At most max_chars of text: a plain prompt's head, or a chat's
+        leading messages, the last of them cut. A prefix still warms the
+        cache its whole would have started."""
+        if self.size <= max_chars:
+            return self
+        if self.messages is None:
+            return Prompt(text=(self.text or "")[:max_chars])
+        kept, room = [], max_chars
+        for role, content in self.messages:
+            if room <= 0:
+                break
+            kept.append((role, content[:room]))
+            room -= len(kept[-1][1])
+        return Prompt(messages=tuple(kept))
+
 
 def from_object(item: Any) -> Prompt:
     """A prompt from `{"prompt": ...}`, `{"text": ...}`, `{"messages": [...]}`, a
@@ -58,6 +76,8 @@ def from_object(item: Any) -> Prompt:
         messages = item["messages"]
         if not isinstance(messages, list) or not messages:
             raise ValueError("'messages' must be a non-empty list of {role, content}")
+        if len(messages) > WARMUP_PROMPT_MESSAGES:
+            raise ValueError(f"a warm-up prompt has at most {WARMUP_PROMPT_MESSAGES} messages")
         pairs = []
         for message in messages:
             if not isinstance(message, dict) or not isinstance(message.get("content"), str):
@@ -99,8 +119,7 @@ def combine(sources: Iterable[Iterable[Prompt]], *, max_prompts: int) -> list[Pr
         for prompt in source:
             if prompt.size == 0:
                 continue
-            if prompt.text is not None and len(prompt.text) > MAX_PROMPT_CHARS:
-                prompt = Prompt(text=prompt.text[:MAX_PROMPT_CHARS])
+            prompt = prompt.cut(MAX_PROMPT_CHARS)
             if prompt in seen:
                 continue
             seen.add(prompt)
