@@ -187,6 +187,9 @@ def test_a_replacement_that_warms_up_has_its_marks_cleared() -> None:
 def test_a_recorded_spec_this_version_cannot_read_is_no_template_to_go_back_to() -> None:
     assert parsed_spec("{not json") is None
     assert parsed_spec('{"model": {}}') is None
+    assert parsed_spec("[1]") is None
+    # An annotation edited by hand may nest past Python's recursion limit.
+    assert parsed_spec("[" * 100_000 + "]" * 100_000) is None
     assert parsed_spec(spec_text(GOOD)) == GOOD
     assert replace(Marks(), built_from="x").annotations()["serving.shoal.dev/built-from"] == "x"
 

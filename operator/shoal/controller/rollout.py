@@ -262,7 +262,7 @@ def parsed_spec(text: str) -> VLLMClusterSpec | None:
     cannot read it any more."""
     try:
         return VLLMCluster.model_validate({"spec": json.loads(text)}).spec
-    except (ValueError, ValidationError):
+    except (ValueError, ValidationError, RecursionError):  # an annotation edited by hand
         return None
 
 
