@@ -16,6 +16,7 @@ from shoal.controller.rollout import (
     RolloutPolicy,
     RolloutState,
     held_back,
+    marks_of,
     parsed_spec,
     spec_text,
 )
@@ -191,6 +192,9 @@ def test_a_recorded_spec_this_version_cannot_read_is_no_template_to_go_back_to()
     # An annotation edited by hand may nest past Python's recursion limit.
     assert parsed_spec("[" * 100_000 + "]" * 100_000) is None
     assert parsed_spec(spec_text(GOOD)) == GOOD
+    for written in ("nan", "inf", "-inf", "soon"):  # no time a replacement began
+        annotated = {"metadata": {"annotations": {"serving.shoal.dev/replaced-at": written}}}
+        assert marks_of(annotated).replaced_at is None
     assert replace(Marks(), built_from="x").annotations()["serving.shoal.dev/built-from"] == "x"
 
 

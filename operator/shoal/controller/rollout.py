@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -103,6 +104,8 @@ def marks_of(statefulset: Manifest | None) -> Marks:
     try:
         at = float(found[ANNOTATION_REPLACED_AT])
     except (KeyError, TypeError, ValueError):
+        at = None
+    if at is not None and not math.isfinite(at):  # "nan" or "inf" written by hand
         at = None
     return Marks(
         built_from=found.get(ANNOTATION_BUILT_FROM),
