@@ -108,6 +108,30 @@ def test_a_responses_body_is_sent_on_with_its_numbers_as_they_came() -> None:
 
 
 @pytest.mark.parametrize(
+    "raw",
+    [
+        # orjson reads nesting to depth 1024, Python's json (the engine's
+        # reader) past the router's recursion limit it cannot read again.
+        b'{"model": "m", "input": "hi", "metadata": ' + b"[" * 1000 + b"]" * 1000 + b"}",
+        b'{"model": "m", "input": "hi", "request_id": "the client\'s own"}  \n',
+        '{"model": "m", "input": "h\u00e9"}'.encode("utf-16"),  # json reads UTF-16 too
+    ],
+    ids=["deep", "own request_id", "utf-16"],
+)
+def test_a_responses_body_names_its_replica_however_deep_or_encoded(raw: bytes) -> None:
+    got = plan(
+        route("POST", "/v1/responses"), {"model": "m"}, match={}, query={}, replica_ids=REPLICAS
+    )
+    assert isinstance(got, Plan)
+    sent = got.payload(raw, "uid-a")
+    # Read as the engine reads it (a repeated name's last value wins); Python's
+    # json cannot read the deep one from here either, orjson can.
+    decoded = json.loads(sent) if raw.startswith(b"\xff\xfe") else orjson.loads(sent)
+    assert tag_of(decoded["request_id"]) == replica_tag("uid-a")
+    assert decoded["model"] == "m" and decoded["input"] in ("hi", "h\u00e9")
+
+
+@pytest.mark.parametrize(
     ("response_id", "why"),
     [
         (new_response_id("uid-gone"), "the replica that stored it is gone"),

@@ -150,9 +150,19 @@ class Plan:
         replica."""
         if not self.names_replica:
             return raw
-        # Read again as json reads it: what it sends on keeps integers of any size.
-        body = json.loads(raw)
-        return json.dumps({**body, "request_id": new_response_id(replica_id)}).encode()
+        response_id = new_response_id(replica_id)
+        body = raw.rstrip()
+        if body.lstrip()[:1] == b"{" and body.endswith(b"}"):
+            # UTF-8 (a UTF-16 or UTF-32 object neither starts nor ends in
+            # these bytes): the id appended as the object's last member, which
+            # JSON readers (vLLM's) take over a `request_id` the client sent.
+            # The body is not read again, so none of it (integers past 64
+            # bits, nesting deeper than Python's json reads) can fail here.
+            return b'%b, "request_id": "%b"}' % (body[:-1], response_id.encode())
+        try:  # another encoding json reads: read again, as json reads it
+            return json.dumps({**json.loads(raw), "request_id": response_id}).encode()
+        except RecursionError:
+            return raw  # unnamed: the engine reads no deeper than json does
 
 
 @dataclass(frozen=True)
