@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.router.keys import KeyFile, KeyFileError, read_keys
+from shoal.router.keys import KeyFile, KeyFileError, Keys, read_keys
 
 
 def test_keys_are_read_one_per_line_ignoring_blank_lines_and_whitespace(tmp_path: Path) -> None:
@@ -80,3 +80,13 @@ def test_a_file_that_turns_empty_or_vanishes_keeps_the_previous_keys(
     path.write_text("sk-two\n")  # fixed: taken up
     assert keys.refresh() is True
     assert keys.keys == [b"sk-two"]
+
+
+def test_a_token_is_accepted_exactly_when_it_is_one_of_the_keys() -> None:
+    many = [b"sk-%05d" % i for i in range(10_000)]
+    keys = Keys(many)
+    assert keys and keys.keys[0] == b"sk-00000"  # the peers' key stays first
+    assert keys.accepts(b"sk-09999") and keys.accepts(b"sk-00000")
+    for wrong in (b"sk-10000", b"sk-0999", b"sk-099999", b"", b"SK-00001", b"\xff\xfe"):
+        assert not keys.accepts(wrong), wrong
+    assert not Keys([]) and not Keys([]).accepts(b"")

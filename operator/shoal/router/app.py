@@ -23,7 +23,7 @@ from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.heap import settle
 from shoal.router.hot import HotPrefixes
 from shoal.router.incoming import Answer, Handler, Incoming
-from shoal.router.keys import KeyFile
+from shoal.router.keys import KeyFile, Keys
 from shoal.router.metrics import RouterMetrics
 from shoal.router.placements import PLACEMENTS_PATH, WAIT_SECONDS, PeerSync, PlacementLog, encode
 from shoal.router.prefix import checkpoints
@@ -102,7 +102,7 @@ class Router:
             config=config,
             fleet=self.fleet,
             metrics=self.metrics,
-            api_keys=key_file.keys if key_file else [],
+            api_keys=Keys(key_file.keys if key_file else []),
             hot=self.hot,
             placements=self.placements,
         )
@@ -174,7 +174,7 @@ class Router:
             self._tasks.append(asyncio.get_running_loop().create_task(self._reload_keys()))
 
     def _peer_authorization(self) -> str | None:
-        keys = self.proxy.api_keys
+        keys = self.proxy.api_keys.keys
         return "Bearer " + keys[0].decode("utf-8", "surrogateescape") if keys else None
 
     def _follow_peers(self) -> None:
@@ -201,7 +201,7 @@ class Router:
             await asyncio.sleep(self.config.api_key_reload_seconds)
             # A stat per period; a file is read only when it changed.
             if self.key_file is not None and self.key_file.refresh():
-                self.proxy.api_keys = self.key_file.keys
+                self.proxy.api_keys = Keys(self.key_file.keys)
             if self.engine_key_file is not None and self.engine_key_file.refresh():
                 self.proxy.set_engine_key(self.engine_key_file.keys[0])
 

@@ -4,6 +4,7 @@ would also empty its prefix index)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 
@@ -26,6 +27,24 @@ def read_keys(path: Path) -> list[bytes]:
     if not keys:
         raise KeyFileError(f"API key file {path}: no keys in it (one key per line)")
     return keys
+
+
+class Keys:
+    """Accepted keys, checked by their SHA-256 digests: one hash and one set
+    lookup per request however many keys there are (comparing the token with
+    each key, as before, cost 1.35 ms a request at 10,000 keys, twenty times
+    the router's whole work). The lookup's timing depends on the token's
+    digest, which says nothing of any key."""
+
+    def __init__(self, keys: list[bytes]) -> None:
+        self.keys = keys  # in the file's order: the first is the peers' key
+        self._digests = frozenset(hashlib.sha256(key).digest() for key in keys)
+
+    def __bool__(self) -> bool:
+        return bool(self.keys)
+
+    def accepts(self, token: bytes) -> bool:
+        return hashlib.sha256(token).digest() in self._digests
 
 
 _MISSING = (-1, -1, -1)

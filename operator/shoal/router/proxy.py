@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import os
@@ -30,6 +29,7 @@ from shoal.router.fleet import Fleet, Replica
 from shoal.router.hold import HeldRequests
 from shoal.router.hot import HotPrefixes
 from shoal.router.incoming import Answer, BodyTooLarge, Incoming, Streamed
+from shoal.router.keys import Keys
 from shoal.router.metrics import RouterMetrics
 from shoal.router.placements import PlacementLog
 from shoal.router.policy import Choice, Chooser, RequestFacts
@@ -100,7 +100,7 @@ class Proxy:
         config: RouterConfig,
         fleet: Fleet,
         metrics: RouterMetrics,
-        api_keys: list[bytes],
+        api_keys: Keys,
         hot: HotPrefixes | None,
         placements: PlacementLog | None = None,
     ) -> None:
@@ -165,12 +165,7 @@ class Proxy:
         if scheme.lower() != "bearer" or not token:
             return False
         # Header bytes that are not UTF-8 arrive as surrogates: compare them as bytes.
-        given = token.strip().encode("utf-8", "surrogateescape")
-        # Compare against every key, always, so timing says nothing.
-        matched = False
-        for key in self.api_keys:
-            matched |= hmac.compare_digest(given, key)
-        return matched
+        return self.api_keys.accepts(token.strip().encode("utf-8", "surrogateescape"))
 
     async def handle(self, request: Incoming, target: Proxied) -> Answer:
         given = request.headers.get(REQUEST_ID_HEADER)
