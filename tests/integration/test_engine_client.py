@@ -28,6 +28,12 @@ from shoal.engine.errors import (
     Unreachable,
 )
 from tests.integration.procs import MODEL, free_port, set_fault, sims
+from tests.integration.test_router_engine_fuzz import (
+    BODIES,
+    HEADER_LINES,
+    STATUS_LINES,
+    broken_engine,
+)
 
 T = TypeVar("T")
 
@@ -165,13 +171,10 @@ def _wire(value: object) -> bytes:
 _answers = st.one_of(_shaped.map(_wire), _json.map(_wire), st.binary(max_size=256), st.just(b""))
 
 
-def test_whatever_an_engine_answers_each_call_returns_its_type_or_an_engine_error() -> None:
-    """The operator's calls meet a hostile or broken engine: each returns what
-    it says, or raises an EngineError, never anything else (an OverflowError
-    from `int(inf)` escaped `complete` and `tokenize` before)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
+def _calls(
+    url: str,
+) -> list[tuple[Callable[[EngineClient], Awaitable[object]], Callable[[object], bool]]]:
+    """Each call of the client, and what it must return when it returns."""
 
     def ints(got: object) -> bool:
         return isinstance(got, list) and all(type(item) is int for item in got)
@@ -182,8 +185,7 @@ def test_whatever_an_engine_answers_each_call_returns_its_type_or_an_engine_erro
     def usage(got: object) -> bool:
         return isinstance(got, Usage) and ints([got.prompt_tokens, got.completion_tokens])
 
-    # Each call, and what it must return when it returns.
-    calls: list[tuple[Callable[[EngineClient], Awaitable[object]], Callable[[object], bool]]] = [
+    return [
         (lambda e: e.health(url), lambda got: type(got) is int),
         (lambda e: e.metrics(url), lambda got: got is not None),
         (lambda e: e.models(url), strs),
@@ -191,22 +193,37 @@ def test_whatever_an_engine_answers_each_call_returns_its_type_or_an_engine_erro
         (lambda e: e.tokenize(url, model=MODEL, prompt="hi"), ints),
         (lambda e: e.complete(url, path=endpoints.COMPLETIONS, body={}, deadline=5), usage),
         (lambda e: e.canary(url, model=MODEL, deadline=5), lambda got: got is None),
+        (lambda e: e.get(url + "/progress", deadline=5), lambda got: got is not None),
     ]
 
-    async def each() -> None:
-        async with EngineClient() as engine:
-            for ask, typed in calls:
-                try:
-                    got = await ask(engine)
-                except EngineError:
-                    continue
-                assert typed(got), (got, _Scripted.status, _Scripted.body)
+
+async def _each_returns_its_type_or_an_engine_error(url: str, context: object) -> None:
+    async with EngineClient() as engine:
+        for ask, typed in _calls(url):
+            try:
+                got = await ask(engine)
+            except EngineError:
+                continue
+            assert typed(got), (got, context)
+
+
+def test_whatever_an_engine_answers_each_call_returns_its_type_or_an_engine_error() -> None:
+    """The operator's calls meet a hostile or broken engine: each returns what
+    it says, or raises an EngineError, never anything else (an OverflowError
+    from `int(inf)` escaped `complete` and `tokenize` before)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def each() -> None:
+        context = (_Scripted.status, _Scripted.body[:200])
+        asyncio.run(_each_returns_its_type_or_an_engine_error(url, context))
 
     @settings(max_examples=150, deadline=None, derandomize=True)
     @given(status=st.sampled_from([200, 200, 200, 400, 404, 500, 503]), body=_answers)
     def answered(status: int, body: bytes) -> None:
         _Scripted.status, _Scripted.body = status, body
-        asyncio.run(each())
+        each()
 
     try:
         answered()
@@ -218,7 +235,27 @@ def test_whatever_an_engine_answers_each_call_returns_its_type_or_an_engine_erro
             b"[" * 100_000 + b"]" * 100_000,
         ):
             _Scripted.status, _Scripted.body = 200, found
-            asyncio.run(each())
+            each()
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_whatever_bytes_an_engine_writes_each_call_returns_its_type_or_an_engine_error() -> None:
+    """Broken HTTP itself (status lines, header sections, framings, cut
+    anywhere), as the router's engine fuzz test writes it."""
+    with broken_engine() as engine:
+
+        @settings(max_examples=100, deadline=None, derandomize=True)
+        @given(
+            status=STATUS_LINES,
+            headers=HEADER_LINES,
+            body=BODIES,
+            cut=st.none() | st.integers(0, 400),
+        )
+        def answered(status: bytes, headers: list[bytes], body: bytes, cut: int | None) -> None:
+            answer = status + b"".join(headers) + b"\r\n" + body
+            engine.answer = answer if cut is None else answer[:cut]
+            asyncio.run(_each_returns_its_type_or_an_engine_error(engine.url, engine.answer[:200]))
+
+        answered()

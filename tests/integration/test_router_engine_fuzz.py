@@ -30,14 +30,14 @@ CONFIG = {
 }
 ANSWER_SECONDS = 8.0  # past the router's deadlines, with room for a loaded machine
 
-_status_lines = st.one_of(
+STATUS_LINES = st.one_of(
     st.sampled_from([200, 201, 204, 400, 404, 429, 500, 502, 503, 599, 600, 999]).map(
         lambda code: b"HTTP/1.1 %d Something\r\n" % code
     ),
     st.sampled_from([b"HTTP/1.0 200 OK\r\n", b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/2 200\r\n"]),
     st.binary(max_size=40).map(lambda b: b + b"\r\n"),
 )
-_header_lines = st.lists(
+HEADER_LINES = st.lists(
     st.one_of(
         st.integers(-5, 1 << 40).map(lambda n: b"Content-Length: %d\r\n" % n),
         st.sampled_from(
@@ -56,7 +56,7 @@ _header_lines = st.lists(
     ),
     max_size=5,
 )
-_bodies = st.one_of(
+BODIES = st.one_of(
     st.binary(max_size=300),
     st.just(b'{"id": "cmpl-1", "choices": [{"text": "hi"}]}'),
     st.lists(st.binary(max_size=40), max_size=4).map(
@@ -103,7 +103,7 @@ class _Engine:
 
 
 @contextmanager
-def _engine() -> Iterator[_Engine]:
+def broken_engine() -> Iterator[_Engine]:
     engine = _Engine()
     try:
         yield engine
@@ -120,7 +120,7 @@ def _status_of(answer: bytes) -> int | None:
 
 
 def test_generated_broken_engine_answers_never_fail_the_router(tmp_path: Path) -> None:
-    with _engine() as engine, router([engine.url], tmp_path, config=CONFIG) as front:
+    with broken_engine() as engine, router([engine.url], tmp_path, config=CONFIG) as front:
         client = httpx.Client(base_url=front, timeout=ANSWER_SECONDS)
 
         @settings(
@@ -130,9 +130,9 @@ def test_generated_broken_engine_answers_never_fail_the_router(tmp_path: Path) -
             suppress_health_check=[HealthCheck.too_slow],
         )
         @given(
-            status=_status_lines,
-            headers=_header_lines,
-            body=_bodies,
+            status=STATUS_LINES,
+            headers=HEADER_LINES,
+            body=BODIES,
             cut=st.none() | st.integers(0, 400),
             stream=st.booleans(),
         )
