@@ -92,5 +92,13 @@ def engine_metric(url: str, name: str) -> float:
     return total
 
 
+def peak_rss_mib(pid: int) -> float:
+    """A process's peak resident memory (VmHWM), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for process {pid}")
+
+
 def set_fault(url: str, **fault: Any) -> None:
     httpx.post(url + "/_sim/fault", json=fault, timeout=5).raise_for_status()

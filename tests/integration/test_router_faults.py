@@ -22,7 +22,14 @@ from pathlib import Path
 import httpx
 
 from shoal.procs import start_router, wait_until
-from tests.integration.procs import MODEL, engine_metric, router, set_fault, sims
+from tests.integration.procs import (
+    MODEL,
+    engine_metric,
+    peak_rss_mib,
+    router,
+    set_fault,
+    sims,
+)
 
 POISON = "POISONED-PROMPT"
 
@@ -179,6 +186,14 @@ def test_an_engine_with_broken_metrics_stays_in_rotation_with_one_warning(tmp_pa
     assert len(warnings) == 2, log
 
 
+def _all_answered(front: str) -> None:
+    """12 requests of their own prefixes (spread over the replicas), each 200."""
+    for i in range(12):
+        prompt = f"a prompt with its own prefix {i} " * 8
+        answer = httpx.post(front + "/v1/completions", json=completion(prompt), timeout=10)
+        assert answer.status_code == 200, answer.text
+
+
 def test_an_engine_whose_metrics_are_nan_is_taken_as_busy_and_loses_no_request(
     tmp_path: Path,
 ) -> None:
@@ -190,20 +205,10 @@ def test_an_engine_whose_metrics_are_nan_is_taken_as_busy_and_loses_no_request(
         router([*lying, *healthy], tmp_path) as front,
     ):
         time.sleep(1.0)  # a few scrape rounds
-        for i in range(12):
-            prompt = f"a prompt with its own prefix {i} " * 8
-            answer = httpx.post(front + "/v1/completions", json=completion(prompt), timeout=10)
-            assert answer.status_code == 200, answer.text
+        _all_answered(front)
         name = lying[0].removeprefix("http://")
         unknown = router_counts(front, "shoal_router_scrape_failures_total")
         assert unknown.get(f'{{replica="{name}"}}', 0) >= 2, unknown
-
-
-def _peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmHWM")
 
 
 def test_an_engine_whose_metrics_never_end_is_not_read_whole_and_loses_no_request(
@@ -222,13 +227,10 @@ def test_an_engine_whose_metrics_never_end_is_not_read_whole_and_loses_no_reques
         ) as front,
     ):
         front.wait_http("/ready", timeout=20)
-        before = _peak_rss_mib(front.pid)
+        before = peak_rss_mib(front.pid)
         time.sleep(3.0)  # scrape rounds
-        for i in range(12):
-            prompt = f"a prompt with its own prefix {i} " * 8
-            answer = httpx.post(front.url + "/v1/completions", json=completion(prompt), timeout=10)
-            assert answer.status_code == 200, answer.text
-        grown = _peak_rss_mib(front.pid) - before
+        _all_answered(front.url)
+        grown = peak_rss_mib(front.pid) - before
         assert grown < 64, f"router peak grew {grown:.0f} MiB"
         name = runaway[0].removeprefix("http://")
         unknown = router_counts(front.url, "shoal_router_scrape_failures_total")

@@ -21,7 +21,7 @@ import pytest
 
 from shoal.procs import start_router
 from shoal.router.upstream import HOLD_ANSWER_BYTES
-from tests.integration.procs import MODEL
+from tests.integration.procs import MODEL, peak_rss_mib
 
 MIB = 1 << 20
 PIECE = b"x" * MIB
@@ -81,13 +81,6 @@ def _big_router(tmp: Path) -> Iterator[tuple[str, int]]:
         engine.server_close()
 
 
-def _peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmHWM")
-
-
 def _post(front: str, request: dict[str, object]) -> tuple[int, bytes]:
     digest = hashlib.sha256()
     size = 0
@@ -104,13 +97,13 @@ def test_an_answer_larger_than_the_router_holds_reaches_the_client_whole_in_boun
     with _big_router(tmp_path) as (front, pid):
         small = _post(front, {"model": MODEL, "prompt": "hi", "max_tokens": 1})
         assert small[0] == 200
-        before = _peak_rss_mib(pid)
+        before = peak_rss_mib(pid)
         size_mib = 160
         status, got = _post(front, {"model": MODEL, "prompt": "hi", "max_tokens": size_mib})
         want = _answer_bytes(size_mib * MIB)
         assert status == 200
         assert got == hashlib.sha256(want).digest() + len(want).to_bytes(8, "big")
-        grown = _peak_rss_mib(pid) - before
+        grown = peak_rss_mib(pid) - before
         # Held whole, the answer alone would be 160 MiB (320 while joined).
         assert grown < 2 * HOLD_ANSWER_BYTES / MIB + 24, f"router peak grew {grown:.0f} MiB"
         # The connection stays usable: the next answer comes as usual.

@@ -179,6 +179,30 @@ async def _peer(
     return runner, f"http://127.0.0.1:{port}"
 
 
+async def _recorded_from(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> list[tuple[str, list[int]]]:
+    """What a follower of a peer answered by handler records, once it records
+    anything (or after 20 s)."""
+    runner, url = await _peer(handler)
+    recorded: list[tuple[str, list[int]]] = []
+    sync = PeerSync(
+        record=lambda r, h: recorded.append((r, list(h))),
+        max_hashes=48,
+        retry_seconds=(0.01, 0.05),
+    )
+    sync.set_peers([url])
+    try:
+        for _ in range(400):
+            if recorded:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await sync.close()
+        await runner.cleanup()
+    return recorded
+
+
 def test_a_peer_that_answers_garbage_or_too_much_records_nothing_and_is_read_again() -> None:
     """A peer is another pod: what it says goes into the index only when it
     is a placements answer of bounded size; the follower keeps going."""
@@ -197,26 +221,7 @@ def test_a_peer_that_answers_garbage_or_too_much_records_nothing_and_is_read_aga
         await asyncio.sleep(0.05)
         return web.json_response({"epoch": "e", "next": 1, "placements": []})
 
-    async def scenario() -> list[tuple[str, list[int]]]:
-        runner, url = await _peer(handler)
-        recorded: list[tuple[str, list[int]]] = []
-        sync = PeerSync(
-            record=lambda r, h: recorded.append((r, list(h))),
-            max_hashes=48,
-            retry_seconds=(0.01, 0.05),
-        )
-        sync.set_peers([url])
-        try:
-            for _ in range(400):
-                if recorded:
-                    break
-                await asyncio.sleep(0.05)
-        finally:
-            await sync.close()
-            await runner.cleanup()
-        return recorded
-
-    recorded = asyncio.run(scenario())
+    recorded = asyncio.run(_recorded_from(handler))
     assert recorded == [("r1", [42, 43])]
     assert len(reads) >= 4
     # The cursor follows the accepted answer only.
@@ -245,26 +250,7 @@ def test_an_answer_in_pieces_is_read_whole_and_one_nested_too_deep_stops_no_foll
         await answer.write_eof()
         return answer
 
-    async def scenario() -> list[tuple[str, list[int]]]:
-        runner, url = await _peer(handler)
-        recorded: list[tuple[str, list[int]]] = []
-        sync = PeerSync(
-            record=lambda r, h: recorded.append((r, list(h))),
-            max_hashes=48,
-            retry_seconds=(0.01, 0.05),
-        )
-        sync.set_peers([url])
-        try:
-            for _ in range(100):
-                if recorded:
-                    break
-                await asyncio.sleep(0.05)
-        finally:
-            await sync.close()
-            await runner.cleanup()
-        return recorded
-
-    recorded = asyncio.run(scenario())
+    recorded = asyncio.run(_recorded_from(handler))
     assert len(recorded) == 300 and recorded[0] == ("r0", [1])
 
 
