@@ -6,9 +6,12 @@ minimum (zero included)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shoal.controller.autoscale import (
     Demand,
@@ -238,3 +241,51 @@ def test_a_router_scrape_with_a_nan_or_infinite_count_is_no_demand_reading() -> 
     for value in ("NaN", "+Inf"):
         with pytest.raises(ValueError, match="shoal_router_inflight_requests"):
             parse_router_demand(ROUTER_METRICS.replace("} 3.0", "} " + value, 1))
+
+
+_counts = st.one_of(
+    st.floats(min_value=-1e308, max_value=1e308, allow_nan=False),
+    st.integers(-5, 50).map(float),
+    st.sampled_from([1e308, 1.7e308, -0.0]),
+)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(
+    routers=st.lists(
+        st.tuples(_counts, _counts, _counts, _counts) | st.none(), min_size=1, max_size=4
+    ),
+    current=st.integers(0, 12),
+)
+def test_whatever_finite_counts_routers_report_the_decision_stays_within_bounds(
+    routers: list[tuple[float, float, float, float] | None], current: int
+) -> None:
+    """Counts a router could not have (negative, or summing past the largest
+    float) are no demand reading: before, two routers reporting 1e308 made
+    the demand infinite and `recommend` raised OverflowError (the autoscaler
+    round failed every time), and a negative in-flight count made the demand
+    negative, which asked for one replica whatever the other routers saw."""
+    scrapes: dict[str, RouterDemand | None] = {}
+    for i, counts_ in enumerate(routers):
+        if counts_ is None:
+            scrapes[f"r{i}"] = None
+            continue
+        first, second, queued, answered = counts_
+        text = (
+            ROUTER_METRICS.replace("} 3.0", "} " + repr(first), 1)
+            .replace("} 4.0", "} " + repr(second), 1)
+            .replace("shoal_router_queue_depth 2.0", "shoal_router_queue_depth " + repr(queued))
+            .replace("} 10.0", "} " + repr(answered), 1)
+        )
+        try:
+            scrapes[f"r{i}"] = parse_router_demand(text)
+        except ValueError:
+            scrapes[f"r{i}"] = None
+            # Refused only for what no router has.
+            assert min(counts_) < 0 or math.isinf(first + second + queued), counts_
+    demand, _ = total_demand(scrapes, {})
+    assert demand.requests is None or 0 <= demand.requests < float("inf")
+    decision = decide_scale(
+        POLICY, demand=demand, current=current, memory=ScaleMemory(), now=1000.0
+    )
+    assert POLICY.min_replicas <= decision.desired <= POLICY.max_replicas

@@ -112,6 +112,8 @@ def parse_router_demand(text: str) -> RouterDemand:
     in_flight = queued = answered = 0.0
     by_replica: dict[str, float] = {}
     for sample in read_samples(kept + "\n"):
+        if sample.value < 0:  # no count of requests is: a broken exporter
+            raise ValueError(f"{sample.name} is negative: {sample.value:g}")
         if sample.name == INFLIGHT:
             in_flight += sample.value
             replica = sample.labels.get("replica", "")
@@ -120,6 +122,8 @@ def parse_router_demand(text: str) -> RouterDemand:
             queued += sample.value
         elif sample.name == REQUESTS + "_total":
             answered += sample.value
+    if not math.isfinite(in_flight + queued):
+        raise ValueError("requests in flight and queued sum past the largest float")
     return RouterDemand(
         in_flight=in_flight, queued=queued, answered=answered, by_replica=by_replica
     )
@@ -150,6 +154,8 @@ def total_demand(
     found = [d for d in scrapes.values() if d is not None]
     arrived = any(uid in before and count != before[uid] for uid, count in answered.items())
     requests = sum(d.in_flight + d.queued for d in found)
+    if not math.isfinite(requests):  # finite counts of routers that cannot be
+        return Demand(requests=None, arrived=False), dict(before)
     silent = sum(1 for uid, d in scrapes.items() if d is None and uid in ready)
     return Demand(requests=requests, arrived=arrived, silent=silent), answered
 
