@@ -272,10 +272,13 @@ def test_whatever_finite_counts_routers_report_the_decision_stays_within_bounds(
             continue
         first, second, queued, answered = counts_
         text = (
-            ROUTER_METRICS.replace("} 3.0", "} " + repr(first), 1)
-            .replace("} 4.0", "} " + repr(second), 1)
-            .replace("shoal_router_queue_depth 2.0", "shoal_router_queue_depth " + repr(queued))
-            .replace("} 10.0", "} " + repr(answered), 1)
+            "# TYPE shoal_router_inflight_requests gauge\n"
+            f'shoal_router_inflight_requests{{replica="c-r0-0"}} {first!r}\n'
+            f'shoal_router_inflight_requests{{replica="c-r1-0"}} {second!r}\n'
+            "# TYPE shoal_router_queue_depth gauge\n"
+            f"shoal_router_queue_depth {queued!r}\n"
+            "# TYPE shoal_router_requests counter\n"
+            f'shoal_router_requests_total{{code="200",replica="c-r0-0"}} {answered!r}\n'
         )
         try:
             scrapes[f"r{i}"] = parse_router_demand(text)

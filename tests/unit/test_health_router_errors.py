@@ -127,3 +127,23 @@ def test_a_router_scrape_with_a_nan_count_is_no_reading() -> None:
     )
     with pytest.raises(ValueError, match="shoal_router_requests_total"):
         parse_router_requests(text)
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [
+        # A negative count of requests: with both negative, 7 errors out of
+        # 10 requests would read as a failing replica, to be restarted.
+        {"200": -3.0, "500": -7.0},
+        # Counts summing past the largest float: inf - inf is NaN next round.
+        {"200": 1.7e308, "500": 1.7e308},
+    ],
+    ids=["negative", "summing past the largest float"],
+)
+def test_counts_no_router_can_have_are_no_reading(counts: dict[str, float]) -> None:
+    text = "# TYPE shoal_router_requests counter\n" + "".join(
+        f'shoal_router_requests_total{{code="{code}",replica="c-r0-0"}} {value!r}\n'
+        for code, value in counts.items()
+    )
+    with pytest.raises(ValueError, match="shoal_router_requests_total"):
+        parse_router_requests(text)

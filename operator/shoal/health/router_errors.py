@@ -12,6 +12,7 @@ per replica by the router; the operator's own checks see those engines.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -56,7 +57,9 @@ def parse_router_requests(text: str) -> dict[str, Routed]:
         if replica in ("", NO_REPLICA) or code == CLIENT_GONE:
             continue
         errors = sample.value if code.startswith("5") else 0.0
-        found[replica] = found.get(replica, Routed()) + Routed(sample.value, errors)
+        found[replica] = summed = found.get(replica, Routed()) + Routed(sample.value, errors)
+        if not math.isfinite(summed.requests):  # inf - inf would be NaN next round
+            raise ValueError(f"{sample.name} of {replica} sum past the largest float")
     return found
 
 

@@ -34,11 +34,13 @@ QUEUE_DEPTH = "shoal_router_queue_depth"
 
 def read_samples(text: str) -> Iterator[Sample]:
     """The samples of (part of) a router's /metrics text, for the operator's readers.
-    ValueError when it is not Prometheus text, or a value is NaN or infinite, which
-    none of the router's counts and gauges can be (and no replica count can follow)."""
+    ValueError when it is not Prometheus text, or a value is NaN, infinite or
+    negative, which none of the router's counts and gauges can be (and no
+    replica count can follow: a negative count of requests could even read as
+    a failing replica's)."""
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if not math.isfinite(sample.value):
+            if not math.isfinite(sample.value) or sample.value < 0:
                 raise ValueError(f"{sample.name} is {sample.value}")
             yield sample
 
