@@ -211,6 +211,30 @@ def test_an_engine_whose_metrics_are_nan_is_taken_as_busy_and_loses_no_request(
         assert unknown.get(f'{{replica="{name}"}}', 0) >= 2, unknown
 
 
+def test_an_engine_whose_metrics_are_negative_draws_no_traffic_to_itself(
+    tmp_path: Path,
+) -> None:
+    # An exporter whose gauges went below zero (a decrement without its
+    # increment): weighed as it is, the lying engine's load is the least
+    # there is, and every request goes to it.
+    with (
+        sims(1, tmp_path, extra=["--sim-broken-metrics", "negative"]) as lying,
+        sims(1, tmp_path / "..") as healthy,
+        router([*lying, *healthy], tmp_path) as front,
+    ):
+        time.sleep(1.0)  # a few scrape rounds
+        served = []
+        for i in range(12):
+            prompt = f"a prompt with its own prefix {i} " * 8
+            answer = httpx.post(front + "/v1/completions", json=completion(prompt), timeout=10)
+            assert answer.status_code == 200, answer.text
+            served.append(answer.headers["x-shoal-replica"])
+        liar = lying[0].removeprefix("http://")
+        assert served.count(liar) < 12, served  # taken as busy: not first choice
+        unknown = router_counts(front, "shoal_router_scrape_failures_total")
+        assert unknown.get(f'{{replica="{liar}"}}', 0) >= 2, unknown
+
+
 def test_an_engine_whose_metrics_never_end_is_not_read_whole_and_loses_no_request(
     tmp_path: Path,
 ) -> None:

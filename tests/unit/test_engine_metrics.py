@@ -196,9 +196,12 @@ def test_sample_lines_read_as_prometheus_client_reads_them(
     for family in text_string_to_metric_families(scrape):
         for sample in family.samples:
             sums.setdefault(sample.name, []).append(sample.value)
-    if not all(math.isfinite(sum(values)) for values in sums.values()):
-        # Well-formed, but a NaN or infinite load weighs nothing: a bad scrape.
-        with pytest.raises(BadMetrics, match="not a number"):
+    if not all(math.isfinite(sum(values)) for values in sums.values()) or any(
+        value < 0 for values in sums.values() for value in values
+    ):
+        # Well-formed, but a NaN, infinite or negative load or count weighs
+        # nothing (a negative load would draw every request): a bad scrape.
+        with pytest.raises(BadMetrics, match=r"not a number|negative"):
             parse(scrape)
         return
     found = parse(scrape)

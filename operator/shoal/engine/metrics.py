@@ -209,6 +209,10 @@ def parse(text: str) -> MetricsSnapshot:
         except ValueError as error:
             raise BadMetrics(f"not Prometheus text: {error}") from error
         name = sample["name"]
+        if value < 0:
+            # No count or load read here can be: weighed, a negative load
+            # would draw every request to the engine that reports it.
+            raise BadMetrics(f"{name} is {sample['value']}: negative, not a load or count")
         sums[name] = sums.get(name, 0.0) + value
         if not math.isfinite(sums[name]):
             # Well-formed, but no load or count (a NaN, an infinity, or values that

@@ -26,7 +26,8 @@ from shoal.sim.faults import FAULT_PATH, refuse_seconds
 from shoal.sim.metrics import HTTP_EXCLUDED
 from shoal.sim.scheduler import Status
 
-# A sample line's value (comment lines start with '#'): what the "nan" fault replaces.
+# A sample line's value (comment lines start with '#'): what the "nan" and
+# "negative" faults replace.
 _SAMPLE_VALUE = re.compile(rb"^([^#\n][^\n]*) \S+$", re.MULTILINE)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -181,6 +182,8 @@ class EngineApp:
         body = self.engine.metrics.exposition()
         if mode == "nan":
             body = _SAMPLE_VALUE.sub(rb"\1 NaN", body)
+        if mode == "negative":
+            body = _SAMPLE_VALUE.sub(rb"\1 -7", body)
         if mode == "endless":
             return await _endless(request, body, content_type=CONTENT_TYPE_LATEST)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

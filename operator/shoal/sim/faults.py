@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-METRICS_MODES = ("ok", "error", "garbage", "hang", "nan", "endless")
+METRICS_MODES = ("ok", "error", "garbage", "hang", "nan", "negative", "endless")
 CONNECTION_MODES = ("ok", "reset")
 # Requests to this path pass a "reset" fault, so it can be lifted again.
 FAULT_PATH = "/_sim/fault"
@@ -31,9 +31,10 @@ class Faults:
     slowness: float = 1.0
     # /metrics: "ok", "error" (500), "garbage" (not Prometheus text), "hang"
     # (never answers), "nan" (well-formed, every value NaN: an exporter that
-    # lies, as a gauge set from a division by zero would) or "endless" (the
-    # scrape, then comment lines without end, as fast as they are read: a
-    # runaway exporter, which a reader must not hold whole).
+    # lies, as a gauge set from a division by zero would), "negative" (every
+    # value below zero: gauges decremented without their increments) or
+    # "endless" (the scrape, then comment lines without end, as fast as they
+    # are read: a runaway exporter, which a reader must not hold whole).
     metrics: str = "ok"
     # Connections: "ok", or "reset": every request but those to /_sim/fault
     # is answered by a TCP reset (RST) and no response, as when the network
