@@ -29,6 +29,8 @@ class FakeHub:
     listings: int = 0
     # Files' bytes at this rate (None: as fast as loopback goes).
     bytes_per_second: float | None = None
+    # The listing's body as served, when not the one `files` make.
+    listing_body: bytes | None = None
 
 
 def tiny_model_files(*, weight_bytes: int = 16384) -> dict[str, bytes]:
@@ -60,7 +62,7 @@ def serve_hub(hub: FakeHub) -> Iterator[FakeHub]:
                 hub.listings += 1
                 siblings = [{"rfilename": n, "size": len(b)} for n, b in hub.files.items()]
                 body = json.dumps({"sha": COMMIT, "siblings": siblings}).encode()
-                self._answer(200, body)
+                self._answer(200, hub.listing_body if hub.listing_body is not None else body)
             elif path.startswith(resolve) and path[len(resolve) :] in hub.files:
                 name = path[len(resolve) :]
                 hub.served[name] += 1

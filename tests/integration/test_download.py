@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from shoal.download.hfcache import snapshot
 from shoal.download.hub import Hub
@@ -129,3 +130,56 @@ def test_a_hub_model_lands_in_the_hf_cache_at_its_commit_once(tmp_path: Path) ->
         assert (repo_dir / "refs" / "main").read_text() == COMMIT
         assert snapshot(client, repo=REPO, revision="main", hf_home=tmp_path) == (directory, 0)
         assert sum(hub.served.values()) == 3 and hub.listings == 2
+
+
+def test_a_listing_naming_files_outside_the_model_directory_fetches_nothing(
+    tmp_path: Path,
+) -> None:
+    """A Hub is a server on the network (HF_ENDPOINT may name any mirror):
+    a file listed at an absolute path was written there, outside the cache."""
+    outside = tmp_path / "outside" / "pwned.txt"
+    for name in (str(outside), "a/../../escaped.txt", "", "."):
+        files = {**tiny_model_files(), name: b"pwned"}
+        directory = tmp_path / "models"
+        with serve_hub(FakeHub(REPO, files)) as hub:
+            refused = download(hub, directory)
+        assert refused.returncode == 1, (name, refused.stderr)
+        last = refused.stderr.strip().splitlines()[-1]
+        assert "listing" in last and "Traceback" not in refused.stderr, refused.stderr
+        assert not outside.exists() and sum(hub.served.values()) == 0
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[]",
+        b'{"sha": "abc", "siblings": 5}',
+        b'{"sha": "abc", "siblings": [{"rfilename": "a", "size": 1e999}]}',
+        b'{"sha": "abc", "siblings": [{"rfilename": "a", "size": -1}]}',
+        b'{"sha": "abc", "siblings": [{"rfilename": "a", "size": "big"}]}',
+        b'{"sha": "abc", "siblings": [{"rfilename": 7, "size": 1}]}',
+        b'{"sha": "../../x", "siblings": [{"rfilename": "a", "size": 1}]}',
+        b"[" * 100_000 + b"]" * 100_000,
+        b"not json",
+    ],
+    ids=[
+        "a list",
+        "siblings not a list",
+        "infinite size",
+        "negative size",
+        "size not a number",
+        "name not a string",
+        "commit not a commit",
+        "nested too deep",
+        "not json",
+    ],
+)
+def test_a_listing_that_is_not_one_fails_the_download_with_a_clear_error(
+    tmp_path: Path, body: bytes
+) -> None:
+    with serve_hub(FakeHub(REPO, tiny_model_files(), listing_body=body)) as hub:
+        refused = download(hub, tmp_path)
+    assert refused.returncode == 1, refused.stderr
+    assert "Traceback" not in refused.stderr, refused.stderr
+    assert "listing" in refused.stderr.strip().splitlines()[-1], refused.stderr
+    assert sum(hub.served.values()) == 0

@@ -9,10 +9,13 @@ env talk to the same Hub."""
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 import httpx
 
@@ -22,6 +25,8 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_EXCLUDE = ("original/*",)
 # Written last: a directory holding it is complete (its text: the commit).
 COMPLETE_MARKER = ".shoal-complete"
+# A commit as the Hub names one.
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,45 @@ class Listing:
 
 class HubError(Exception):
     """A download that cannot succeed as configured; the message says what to change."""
+
+
+def parse_listing(body: Any, *, repo: str, revision: str) -> Listing:
+    """The files of a listing, checked: a Hub is a server on the network
+    (HF_ENDPOINT may name any mirror), and each name becomes a path written
+    under the model's directory, each commit a URL. HubError if not one."""
+
+    def refused(why: str) -> HubError:
+        return HubError(f"the Hub's listing of {repo}@{revision} is not one: {why}")
+
+    if not isinstance(body, dict):
+        raise refused("not a JSON object")
+    commit = body.get("sha") or revision
+    if body.get("sha") is not None and not (isinstance(commit, str) and _COMMIT.fullmatch(commit)):
+        raise refused(f"its commit {str(commit)[:60]!r} is not 40 hex digits")
+    siblings = body.get("siblings") or []
+    if not isinstance(siblings, list):
+        raise refused("its siblings are not a list")
+    files = []
+    for sibling in siblings:
+        name = sibling.get("rfilename") if isinstance(sibling, dict) else None
+        size = sibling.get("size") or 0 if isinstance(sibling, dict) else None
+        if not isinstance(name, str) or not _relative(name):
+            raise refused(f"a file's name {str(name)[:80]!r} is not a path inside the model")
+        if type(size) is not int or size < 0:
+            raise refused(f"the size of {name[:80]!r} is not a count of bytes: {size!r:.40}")
+        files.append(RepoFile(path=name, size=size))
+    return Listing(commit=str(commit), files=tuple(files))
+
+
+def _relative(name: str) -> bool:
+    """A path that stays inside the directory it is joined to."""
+    parts = PurePosixPath(name).parts
+    return (
+        bool(parts)
+        and "\x00" not in name
+        and not PurePosixPath(name).is_absolute()
+        and all(part not in ("..", ".") for part in parts)
+    )
 
 
 def endpoint() -> str:
@@ -103,12 +147,11 @@ class Hub:
         response = self.client.get(url, params={"blobs": "true"})
         if response.status_code != 200:
             raise HubError(explain(response.status_code, repo=repo, revision=revision))
-        body = response.json()
-        files = tuple(
-            RepoFile(path=str(s["rfilename"]), size=int(s.get("size") or 0))
-            for s in body.get("siblings") or []
-        )
-        return Listing(commit=str(body.get("sha") or revision), files=files)
+        try:
+            body = json.loads(response.content)
+        except (ValueError, RecursionError) as error:
+            raise HubError(f"the Hub's listing of {repo}@{revision} is not JSON") from error
+        return parse_listing(body, repo=repo, revision=revision)
 
     def fetch(
         self,
