@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from shoal.download.hfcache import snapshot
-from shoal.download.hub import Hub
+from shoal.download.hub import Hub, HubError
 from shoal.download.progress import Progress, from_json
 from shoal.procs import free_port, wait_until
 from tests.fake_hub import COMMIT, FakeHub, serve_hub, tiny_model_files
@@ -130,6 +130,22 @@ def test_a_hub_model_lands_in_the_hf_cache_at_its_commit_once(tmp_path: Path) ->
         assert (repo_dir / "refs" / "main").read_text() == COMMIT
         assert snapshot(client, repo=REPO, revision="main", hf_home=tmp_path) == (directory, 0)
         assert sum(hub.served.values()) == 3 and hub.listings == 2
+
+
+def test_a_revision_that_climbs_out_of_the_cache_writes_nothing(tmp_path: Path) -> None:
+    """The revision names refs/<revision>. One that normalizes, as a URL, to
+    the listing's own path was answered by the Hub, and its ref was written
+    five directories above refs/ (at /api/models/... when tried on this machine)."""
+    climbing = "../../../../../api/models/org/tiny/revision/main"
+    home = tmp_path / "a" / "b" / "home"
+    with (
+        serve_hub(FakeHub(REPO, tiny_model_files())) as hub,
+        Hub(token=None, base=hub.url) as client,
+    ):
+        with pytest.raises(HubError, match=r"without '\.\.'"):
+            snapshot(client, repo=REPO, revision=climbing, hf_home=home)
+        assert hub.listings == 0
+    assert not (tmp_path / "a" / "api").exists() and not (tmp_path / "api").exists()
 
 
 def test_a_listing_naming_files_outside_the_model_directory_fetches_nothing(

@@ -36,6 +36,7 @@ from shoal.schema.names import (
     LabelValue,
     ObjectName,
     QualifiedName,
+    Revision,
     VolumePath,
 )
 from shoal.schema.quantity import Quantity
@@ -75,8 +76,8 @@ class HFSource(ApiModel):
         max_length=256,
         description="Hub repository, e.g. meta-llama/Llama-3.1-70B-Instruct. Default: model.name.",
     )
-    revision: str | None = Field(
-        default=None, max_length=256, description="Branch, tag or commit. Default: main."
+    revision: Revision | None = Field(
+        default=None, description="Branch, tag or commit. Default: main."
     )
     token_secret: SecretKeyRef | None = Field(
         default=None,

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from shoal.download.hub import DEFAULT_EXCLUDE, Hub, missing, selected
+from shoal.download.hub import DEFAULT_EXCLUDE, Hub, HubError, missing, selected
+from shoal.schema.names import REVISION
 
 
 def repo_directory(hf_home: Path, repo: str) -> Path:
@@ -29,6 +30,9 @@ def snapshot(
 ) -> tuple[Path, int]:
     """(the snapshot's directory, files fetched): only files missing there
     are fetched. HubError when the Hub refuses (the message says what to set)."""
+    if not REVISION.holds(revision):
+        # It names a file under refs/: one with '..' would land outside the cache.
+        raise HubError(f"revision {revision[:80]!r} {REVISION.message}")
     listing = hub.listing(repo, revision)
     root = repo_directory(hf_home, repo)
     directory = root / "snapshots" / listing.commit

@@ -160,8 +160,20 @@ LabelValue = LABEL_VALUE.type
 QualifiedName = QUALIFIED_NAME.type
 ExtendedResource = EXTENDED_RESOURCE.type
 Image = IMAGE.type
+# A Hub revision names a directory of the model cache (refs/<revision>, as
+# huggingface_hub lays it out), so it may not climb out of it; git refuses
+# such ref names too.
+REVISION = NameForm(
+    "a branch, tag or commit: no spaces, not starting with '/', without '..'",
+    "[^/ ][^ ]*",
+    256,
+    cel=_NO_BACKSTEPS,
+    python=_no_backsteps,
+)
+
 VolumePath = VOLUME_PATH.type
 HostPath = HOST_PATH.type
+Revision = REVISION.type
 
 # The most entries of a map of labels or annotations: CEL checks each key, and the
 # API server refuses a rule whose cost it cannot bound.
