@@ -67,8 +67,9 @@ def parse_listing(body: Any, *, repo: str, revision: str) -> Listing:
         raise refused("its siblings are not a list")
     files = []
     for sibling in siblings:
-        name = sibling.get("rfilename") if isinstance(sibling, dict) else None
-        size = sibling.get("size") or 0 if isinstance(sibling, dict) else None
+        if not isinstance(sibling, dict):
+            raise refused(f"a sibling {str(sibling)[:80]!r} is not an object")
+        name, size = sibling.get("rfilename"), sibling.get("size") or 0
         if not isinstance(name, str) or not _relative(name):
             raise refused(f"a file's name {str(name)[:80]!r} is not a path inside the model")
         if type(size) is not int or size < 0:
