@@ -152,7 +152,7 @@ def total_demand(
     found = [d for d in scrapes.values() if d is not None]
     arrived = any(uid in before and count != before[uid] for uid, count in answered.items())
     requests = sum(d.in_flight + d.queued for d in found)
-    if not math.isfinite(requests):  # finite counts of routers that cannot be
+    if not math.isfinite(requests):  # each router's finite, their sum not: no reading
         return Demand(requests=None, arrived=False), dict(before)
     silent = sum(1 for uid, d in scrapes.items() if d is None and uid in ready)
     return Demand(requests=requests, arrived=arrived, silent=silent), answered
