@@ -24,7 +24,6 @@ from shoal.router.upstream import HOLD_ANSWER_BYTES
 from tests.integration.procs import MODEL, peak_rss_mib
 
 MIB = 1 << 20
-PIECE = b"x" * MIB
 
 
 def _answer_bytes(size: int) -> bytes:
