@@ -186,12 +186,34 @@ def test_an_engine_with_broken_metrics_stays_in_rotation_with_one_warning(tmp_pa
     assert len(warnings) == 2, log
 
 
-def _all_answered(front: str) -> None:
-    """12 requests of their own prefixes (spread over the replicas), each 200."""
+def _all_answered(front: str) -> list[str]:
+    """12 requests of their own prefixes (spread over the replicas), each
+    200; the replica that served each."""
+    served = []
     for i in range(12):
         prompt = f"a prompt with its own prefix {i} " * 8
         answer = httpx.post(front + "/v1/completions", json=completion(prompt), timeout=10)
         assert answer.status_code == 200, answer.text
+        served.append(answer.headers["x-shoal-replica"])
+    return served
+
+
+def _beside_a_lying_engine(tmp_path: Path, mode: str) -> tuple[str, list[str]]:
+    """`_all_answered` through a router in front of an engine whose metrics
+    lie (`--sim-broken-metrics mode`) and a healthy one, after a few scrape
+    rounds, each of the liar's scrapes counted as failed: (the liar's name,
+    the replica that served each request)."""
+    with (
+        sims(1, tmp_path, extra=["--sim-broken-metrics", mode]) as lying,
+        sims(1, tmp_path / "..") as healthy,
+        router([*lying, *healthy], tmp_path) as front,
+    ):
+        time.sleep(1.0)  # a few scrape rounds
+        served = _all_answered(front)
+        liar = lying[0].removeprefix("http://")
+        unknown = router_counts(front, "shoal_router_scrape_failures_total")
+        assert unknown.get(f'{{replica="{liar}"}}', 0) >= 2, unknown
+    return liar, served
 
 
 def test_an_engine_whose_metrics_are_nan_is_taken_as_busy_and_loses_no_request(
@@ -199,16 +221,7 @@ def test_an_engine_whose_metrics_are_nan_is_taken_as_busy_and_loses_no_request(
 ) -> None:
     # Well-formed text whose values are NaN (a gauge set from a division by
     # zero): the router must not weigh a NaN load, which no comparison orders.
-    with (
-        sims(1, tmp_path, extra=["--sim-broken-metrics", "nan"]) as lying,
-        sims(1, tmp_path / "..") as healthy,
-        router([*lying, *healthy], tmp_path) as front,
-    ):
-        time.sleep(1.0)  # a few scrape rounds
-        _all_answered(front)
-        name = lying[0].removeprefix("http://")
-        unknown = router_counts(front, "shoal_router_scrape_failures_total")
-        assert unknown.get(f'{{replica="{name}"}}', 0) >= 2, unknown
+    _beside_a_lying_engine(tmp_path, "nan")
 
 
 def test_an_engine_whose_metrics_are_negative_draws_no_traffic_to_itself(
@@ -217,22 +230,8 @@ def test_an_engine_whose_metrics_are_negative_draws_no_traffic_to_itself(
     # An exporter whose gauges went below zero (a decrement without its
     # increment): weighed as it is, the lying engine's load is the least
     # there is, and every request goes to it.
-    with (
-        sims(1, tmp_path, extra=["--sim-broken-metrics", "negative"]) as lying,
-        sims(1, tmp_path / "..") as healthy,
-        router([*lying, *healthy], tmp_path) as front,
-    ):
-        time.sleep(1.0)  # a few scrape rounds
-        served = []
-        for i in range(12):
-            prompt = f"a prompt with its own prefix {i} " * 8
-            answer = httpx.post(front + "/v1/completions", json=completion(prompt), timeout=10)
-            assert answer.status_code == 200, answer.text
-            served.append(answer.headers["x-shoal-replica"])
-        liar = lying[0].removeprefix("http://")
-        assert served.count(liar) < 12, served  # taken as busy: not first choice
-        unknown = router_counts(front, "shoal_router_scrape_failures_total")
-        assert unknown.get(f'{{replica="{liar}"}}', 0) >= 2, unknown
+    liar, served = _beside_a_lying_engine(tmp_path, "negative")
+    assert served.count(liar) < 12, served  # taken as busy: not first choice
 
 
 def test_an_engine_whose_metrics_never_end_is_not_read_whole_and_loses_no_request(
