@@ -31,7 +31,7 @@ CONFIG = {
 ANSWER_SECONDS = 8.0  # past the router's deadlines, with room for a loaded machine
 
 STATUS_LINES = st.one_of(
-    st.sampled_from([200, 201, 204, 400, 404, 429, 500, 502, 503, 599, 600, 999]).map(
+    st.sampled_from([0, 99, 200, 201, 204, 400, 404, 429, 500, 502, 503, 599, 600, 999]).map(
         lambda code: b"HTTP/1.1 %d Something\r\n" % code
     ),
     st.sampled_from([b"HTTP/1.0 200 OK\r\n", b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/2 200\r\n"]),
@@ -67,10 +67,12 @@ BODIES = st.one_of(
 
 
 class _Engine:
-    """Answers each connection's first request with `answer`, then closes it."""
+    """Answers each connection's first request with `answer`, then closes it
+    (or, holding, leaves it open until the router closes it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, hold: bool = False) -> None:
         self.answer = b""
+        self.hold = hold
         self.completions = 0  # requests for a completion it answered
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
@@ -96,15 +98,18 @@ class _Engine:
                     request += got
                 self.completions += request.startswith(b"POST /v1/completions ")
                 conn.sendall(self.answer)
-                conn.shutdown(socket.SHUT_WR)
+                if self.hold:
+                    conn.settimeout(60)
+                else:
+                    conn.shutdown(socket.SHUT_WR)
                 conn.recv(1)  # until the router closes its end
             except OSError:
                 return
 
 
 @contextmanager
-def broken_engine() -> Iterator[_Engine]:
-    engine = _Engine()
+def broken_engine(*, hold: bool = False) -> Iterator[_Engine]:
+    engine = _Engine(hold=hold)
     try:
         yield engine
     finally:
@@ -172,3 +177,27 @@ def test_generated_broken_engine_answers_never_fail_the_router(tmp_path: Path) -
         client.close()
     log = (tmp_path / "router.log").read_text()
     assert "Traceback" not in log and "Error handling request" not in log, log[-3000:]
+
+
+def test_a_status_under_100_is_a_malformed_answer_not_an_interim_one(tmp_path: Path) -> None:
+    # An engine that keeps its connection open after a status under 100: read
+    # as an interim answer, the router would wait for the real one until its
+    # first-byte deadline (30 s here).
+    patient = {
+        **CONFIG,
+        "timeouts": {"connectSeconds": 1, "firstByteSeconds": 30, "totalSeconds": 60},
+    }
+    with (
+        broken_engine(hold=True) as engine,
+        router([engine.url], tmp_path, config=patient) as front,
+    ):
+        engine.answer = b"HTTP/1.1 099 Odd\r\nContent-Length: 0\r\n\r\n"
+        started = time.monotonic()
+        got = httpx.post(
+            f"{front}/v1/completions",
+            json={"model": MODEL, "prompt": "hi", "max_tokens": 1},
+            timeout=60,
+        )
+        assert time.monotonic() - started < ANSWER_SECONDS
+        assert got.status_code == 503, got.text
+        assert "No replica could take the request" in json.loads(got.content)["error"]["message"]

@@ -252,11 +252,11 @@ class Exchange(asyncio.Protocol):
             return
         self._answered = True
         status = self._parser.get_status_code()
+        if not 100 <= status <= 599:  # no status (RFC 9110): nothing a client could read
+            self._fail("malformed answer")
+            return
         if status < 200:  # 1xx: an interim answer, the real one follows
             self._headers = []
-            return
-        if status > 599:  # no status (RFC 9110): nothing a client could read as one
-            self._fail("malformed answer")
             return
         self._until_eof = not any(
             name.lower() in (b"content-length", b"transfer-encoding") for name, _ in self._headers
