@@ -14,13 +14,12 @@ from shoal.controller.decide import Event, Memory
 from shoal.controller.healthloop import HealthChecks
 from shoal.controller.identity import ClusterRef, Manifest
 from shoal.controller.kube import KubeApi
-from shoal.controller.metrics import ClusterKey, OperatorMetrics
+from shoal.controller.metrics import ClusterKey, OperatorMetrics, PostEvent
 from shoal.controller.probes import EngineProbe
 from shoal.controller.warming import Warmups
 from shoal.engine.client import EngineClient
 from shoal.engine.metrics import KVPool
 
-PostEvent = Callable[[Any, Event], None]  # in the background
 RecordEvent = Callable[[Any, Event], Awaitable[None]]  # posted when it returns
 
 

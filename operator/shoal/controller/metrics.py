@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shoal.controller.decide import Event, EventType
 
-PostEvent = Callable[[Any, Event], None]
+PostEvent = Callable[[Any, Event], None]  # in the background
 ClusterKey = tuple[str, str]  # (namespace, name)
 
 CLUSTER_LABELS = ("namespace", "vllmcluster")
