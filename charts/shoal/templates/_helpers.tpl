@@ -9,7 +9,7 @@
 
 {{- define "shoal.selectorLabels" -}}
 app.kubernetes.io/name: {{ .Chart.Name }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
@@ -33,8 +33,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/* An imagePullSecrets entry's name: a string, or an object with a name. */}}
+{{- define "shoal.pullSecretName" -}}
+{{- if kindIs "string" . }}{{ . }}{{ else }}{{ .name }}{{ end -}}
+{{- end -}}
+
 {{- define "shoal.pullSecrets" -}}
 {{- range . }}
-- name: {{ if kindIs "string" . }}{{ . }}{{ else }}{{ .name }}{{ end }}
+- name: {{ include "shoal.pullSecretName" . | quote }}
 {{- end }}
 {{- end -}}
