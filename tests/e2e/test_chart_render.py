@@ -120,8 +120,13 @@ def test_monitoring_values_add_monitors_and_a_valid_dashboard() -> None:
         ("operator.nodeSelector.gpu node=true", "/operator/nodeSelector"),
         ("operator.podAnnotations.-x=1", "/operator/podAnnotations"),
         ("monitoring.dashboard.labels.grafana=a b", "/monitoring/dashboard/labels"),
+        (f"operator.podAnnotations.{'a' * 254}/k=x", "/operator/podAnnotations"),
         ("networkPolicy.namespaces[0]=Team_A", "/networkPolicy/namespaces/0"),
         ("image.tag=v1 ", "/image/tag"),
+        # Durations Prometheus refuses (past 292 years), and with them the whole
+        # rules file or scrape config.
+        ("monitoring.podMonitor.interval=9999999h", "/monitoring/podMonitor/interval"),
+        ("monitoring.prometheusRule.for.degraded=1000000m", "/monitoring/prometheusRule/for"),
     ],
 )
 def test_bad_values_are_refused_naming_the_value(setting: str, named: str) -> None:
@@ -130,10 +135,10 @@ def test_bad_values_are_refused_naming_the_value(setting: str, named: str) -> No
     assert named in result.stderr, result.stderr
 
 
-def test_glob_namespaces_need_cluster_rbac() -> None:
-    result = helm(
-        "template", "shoal", str(CHART), "--set", "operator.watchNamespaces={team-*}", check=False
-    )
+@pytest.mark.parametrize("glob", ["team-*", "team-?"])
+def test_glob_namespaces_need_cluster_rbac(glob: str) -> None:
+    setting = f"operator.watchNamespaces={{{glob}}}"
+    result = helm("template", "shoal", str(CHART), "--set", setting, check=False)
     assert result.returncode != 0 and "glob" in result.stderr
 
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from shoal.schema.names import LABEL_VALUE, OBJECT_NAME, QUALIFIED_NAME
+from shoal.schema.names import LABEL_VALUE, OBJECT_NAME, QUALIFIED_NAME, SUBDOMAIN_MAX
 
 SCHEMA = Path(__file__).resolve().parents[2] / "charts" / "shoal" / "values.schema.json"
 
@@ -27,5 +27,16 @@ def test_object_names_and_label_values_are_shoals_forms() -> None:
 
 def test_label_and_annotation_keys_are_shoals_form() -> None:
     for name in ("labels", "annotations"):
-        assert list(definitions()[name]["patternProperties"]) == [f"^{QUALIFIED_NAME.pattern}$"]
+        first, *_ = definitions()[name]["patternProperties"]
+        assert first == f"^{QUALIFIED_NAME.pattern}$"
         assert definitions()[name]["additionalProperties"] is False
+
+
+def test_label_and_annotation_key_prefixes_are_bounded_as_shoals_are() -> None:
+    # The key pattern bounds only the name after the '/'; the prefix is a DNS
+    # subdomain, so a key with a longer one matches a pattern that admits nothing.
+    found = definitions()
+    assert found["longKeyPrefix"]["not"] == {}
+    for name in ("labels", "annotations"):
+        refused = found[name]["patternProperties"][f"^[^/]{{{SUBDOMAIN_MAX + 1},}}/"]
+        assert refused == {"$ref": "#/definitions/longKeyPrefix"}
