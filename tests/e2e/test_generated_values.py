@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from shoal.cli import build_parser
+from shoal.controller.cli import port_clash
 from shoal_testbed import prometheus
 from shoal_testbed.cluster import REPO, Testbed, bin_dir
 from tests.conftest import require
@@ -239,6 +240,11 @@ def refused_on_purpose(values: dict[str, Any]) -> list[str]:
     globs = any(GLOB & set(n) for n in operator.get("watchNamespaces", []))
     if globs and values.get("rbac", {}).get("create", True):
         why.append("is a glob; namespaced RBAC needs exact names")
+    ports = [
+        operator.get(f"{k}Port", DEFAULTS["operator"][f"{k}Port"]) for k in ("liveness", "metrics")
+    ]
+    if ports[0] == ports[1]:
+        why.append("operator.livenessPort and operator.metricsPort are both")
     if account.get("create") is False and not account.get("name"):
         why.append("serviceAccount.name is required when serviceAccount.create is false")
     return why
@@ -273,6 +279,8 @@ def refused_on_purpose(values: dict[str, Any]) -> list[str]:
     namespace="shoal-system",
     values={"image": {"repository": "#ē"}, "operator": {"routerImage": "a: b"}},
 )
+# One port for both of the operator's servers.
+@example(release="shoal", namespace="shoal-system", values={"operator": {"metricsPort": 8080}})
 # A glob only kopf reads ('?'), which no Role can name.
 @example(
     release="shoal", namespace="shoal-system", values={"operator": {"watchNamespaces": ["team-?"]}}
@@ -301,6 +309,7 @@ def test_values_the_schema_admits_are_admitted_by_every_reader(
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     assert container["image"] == _image(values)
     got = build_parser("operator").parse_args(container["args"])
+    assert port_clash(got) is None
     operator = values.get("operator", {})
     assert got.router_image == (operator.get("routerImage") or _image(values))
     assert got.namespace == operator.get("watchNamespaces", [])

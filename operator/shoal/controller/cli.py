@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
+from urllib.parse import urlsplit
 
 import kopf
 from prometheus_client import start_http_server
@@ -21,6 +23,45 @@ from shoal.controller.recorder import EventRecorder
 log = logging.getLogger("shoal.controller")
 
 DEFAULT_ROUTER_IMAGE = f"ghcr.io/shoal-dev/shoal:{__version__}"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _port(text: str) -> int:
+    """A TCP port, or 0 (none)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535)")
+    return port
+
+
+def _liveness_port(url: str) -> int:
+    """The port kopf's liveness server binds for a URL (80 when it names none)."""
+    return urlsplit(url).port or 80
+
+
+def _liveness(text: str) -> str:
+    """An http:// URL kopf can serve its liveness probe at."""
+    try:
+        parts = urlsplit(text)
+        _liveness_port(text)  # a port out of range raises
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+    if parts.scheme != "http" or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL like http://0.0.0.0:8080/healthz")
+    return text
+
+
+def port_clash(args: argparse.Namespace) -> str | None:
+    """Why the liveness and metrics servers cannot both bind, or None."""
+    if args.liveness and args.metrics_port == _liveness_port(args.liveness):
+        return (
+            f"--metrics-port {args.metrics_port} is --liveness's port too; "
+            "the second server could not bind it: give each its own"
+        )
+    return None
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,18 +98,19 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     parser.add_argument(
         "--liveness",
+        type=_liveness,
         metavar="URL",
         help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
     )
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=_port,
         default=0,
         help="serve the operator's Prometheus metrics on this port (0: off)",
     )
     parser.add_argument("--metrics-host", default="0.0.0.0")
-    parser.add_argument("--log-level", default="INFO")
-    parser.set_defaults(func=run)
+    parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
+    parser.set_defaults(func=functools.partial(run, parser))
 
 
 async def peering_installed(kube: KubeApi, *, clusterwide: bool) -> bool:
@@ -119,7 +161,9 @@ async def operate(args: argparse.Namespace) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if (clash := port_clash(args)) is not None:
+        parser.error(clash)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
