@@ -115,6 +115,8 @@ def test_monitoring_values_add_monitors_and_a_valid_dashboard() -> None:
         ("operator.livenessPort=99999", "livenessPort"),
         # Both of the operator's servers on one port: the second could not bind.
         ("operator.metricsPort=8080", "operator.livenessPort and operator.metricsPort"),
+        # A NetworkPolicy for no namespace: nothing protected, and nothing said.
+        ("networkPolicy.enabled=true", "networkPolicy.namespaces"),
         # Names, labels and annotations the API server would refuse in the objects.
         ("serviceAccount.name=Shoal_Op", "/serviceAccount/name"),
         ("operator.priorityClassName=High Prio", "/operator/priorityClassName"),

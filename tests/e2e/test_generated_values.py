@@ -245,6 +245,9 @@ def refused_on_purpose(values: dict[str, Any]) -> list[str]:
     ]
     if ports[0] == ports[1]:
         why.append("operator.livenessPort and operator.metricsPort are both")
+    policy = values.get("networkPolicy", {})
+    if policy.get("enabled") and not policy.get("namespaces"):
+        why.append("list the namespaces of your VLLMClusters in networkPolicy.namespaces")
     if account.get("create") is False and not account.get("name"):
         why.append("serviceAccount.name is required when serviceAccount.create is false")
     return why
