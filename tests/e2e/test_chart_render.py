@@ -127,6 +127,10 @@ def test_monitoring_values_add_monitors_and_a_valid_dashboard() -> None:
         (f"operator.podAnnotations.{'a' * 254}/k=x", "/operator/podAnnotations"),
         ("networkPolicy.namespaces[0]=Team_A", "/networkPolicy/namespaces/0"),
         ("image.tag=v1 ", "/image/tag"),
+        # Images the kubelet cannot parse (and YAML would cut at a " #", unquoted).
+        ("image.tag=v1 #x", "/image/tag"),
+        ("image.repository=ghcr.io/Shoal/shoal", "/image/repository"),
+        ("operator.routerImage=a: b", "/operator/routerImage"),
         # Durations Prometheus refuses (past 292 years), and with them the whole
         # rules file or scrape config.
         ("monitoring.podMonitor.interval=9999999h", "/monitoring/podMonitor/interval"),
