@@ -5,6 +5,9 @@ package main
 
 import (
 	"bufio"
+	// The digest algorithms the kubelet links in (go-digest takes only those).
+	_ "crypto/sha256"
+	_ "crypto/sha512"
 	"fmt"
 	"os"
 

@@ -131,6 +131,7 @@ def test_monitoring_values_add_monitors_and_a_valid_dashboard() -> None:
         ("image.tag=v1 #x", "/image/tag"),
         ("image.repository=ghcr.io/Shoal/shoal", "/image/repository"),
         ("operator.routerImage=a: b", "/operator/routerImage"),
+        (f"image.tag=v1@sha256:{'A' * 64}", "/image/tag"),  # digests are lowercase hex
         # Durations Prometheus refuses (past 292 years), and with them the whole
         # rules file or scrape config.
         ("monitoring.podMonitor.interval=9999999h", "/monitoring/podMonitor/interval"),
