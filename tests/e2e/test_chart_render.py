@@ -132,6 +132,7 @@ def test_monitoring_values_add_monitors_and_a_valid_dashboard() -> None:
         ("image.repository=ghcr.io/Shoal/shoal", "/image/repository"),
         ("operator.routerImage=a: b", "/operator/routerImage"),
         (f"image.tag=v1@sha256:{'A' * 64}", "/image/tag"),  # digests are lowercase hex
+        ("image.repository=[088]/shoal", "/image/repository"),  # an IPv6 host has a ':'
         # Durations Prometheus refuses (past 292 years), and with them the whole
         # rules file or scrape config.
         ("monitoring.podMonitor.interval=9999999h", "/monitoring/podMonitor/interval"),
