@@ -133,6 +133,8 @@ def test_monitoring_values_add_monitors_and_a_valid_dashboard() -> None:
         ("operator.routerImage=a: b", "/operator/routerImage"),
         (f"image.tag=v1@sha256:{'A' * 64}", "/image/tag"),  # digests are lowercase hex
         ("image.repository=[088]/shoal", "/image/repository"),  # an IPv6 host has a ':'
+        # The kubelet's bound on an image's path (after its registry) is 255.
+        (f"operator.routerImage=r.io/{'a' * 256}:1", "/operator/routerImage"),
         # Durations Prometheus refuses (past 292 years), and with them the whole
         # rules file or scrape config.
         ("monitoring.podMonitor.interval=9999999h", "/monitoring/podMonitor/interval"),
