@@ -5,13 +5,16 @@ bounds and enums), with the release's name and namespace, and the monitoring
 on. Whatever the schema admits must then pass, on the real parts:
 
 - `helm template` (helm's own schema check and the templates), or fail on
-  purpose with the chart's own message (a glob in operator.watchNamespaces);
+  purpose with the chart's own message for what a schema cannot say
+  (`refused_on_purpose`);
 - a server-side dry run of every rendered object on the real API server,
   prometheus-operator's CRDs installed, read from YAML as helm and kubectl
   read it;
 - `promtool check config` on the Prometheus config the monitors become, with
   the PrometheusRule's groups as its rules file;
-- the operator's own command line, parsed from the Deployment's args.
+- the kubelet's own image parser (hack/imageref), on the images rendered;
+- the operator's own command line, parsed from the Deployment's args, which
+  must say what the values asked for.
 
 Kubernetes objects the values pass through whole (resources, affinity,
 tolerations, security contexts, NetworkPolicy peers) are left out: the API
@@ -149,7 +152,7 @@ NAMESPACES = st.from_regex(RELEASE_NAME, fullmatch=True).filter(lambda s: len(s)
 
 
 class Judges:
-    """helm, the API server, promtool and the operator's parser, on one testbed."""
+    """helm, the API server, promtool and the kubelet's image parser, on one testbed."""
 
     def __init__(self, bed: Testbed, work: Path, imageref: Path) -> None:
         self.bed = bed
@@ -167,7 +170,7 @@ class Judges:
 
     def render(self, release: str, namespace: str, values: dict[str, Any]) -> tuple[int, str]:
         path = self.work / "values.json"
-        # UTF-8, not \\u escapes: YAML takes no surrogate pairs, and a user's file has none.
+        # UTF-8, not \u escapes: YAML takes no surrogate pairs, and a user's file has none.
         path.write_text(json.dumps(values, ensure_ascii=False))
         helm = [str(bin_dir() / "helm"), "template", release, str(CHART), "-n", namespace]
         done = subprocess.run(
@@ -245,14 +248,15 @@ def build_imageref(out: Path) -> Path:
         "GOFLAGS": "-buildvcs=false",
         "CGO_ENABLED": "0",
     }
-    subprocess.run(
+    built = subprocess.run(
         ["go", "build", "-o", str(out), "."],
         cwd=REPO / "hack" / "imageref",
         env=env,
-        check=True,
         capture_output=True,
+        text=True,
         timeout=300,
     )
+    assert built.returncode == 0, f"go build hack/imageref:\n{built.stderr}"
     return out
 
 
