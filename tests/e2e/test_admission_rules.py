@@ -13,9 +13,13 @@ from typing import Any
 import pytest
 
 from shoal.api.crd import CRD_NAME, CRD_PATHS
+from shoal.api.engine_env import ManagedEnv
+from shoal.api.engine_env import refusal as refusal_text
+from shoal.api.validation import managed_env
 from shoal_testbed.cluster import Testbed
 from tests.e2e.kube import namespace
 from tests.e2e.test_crd import REPO, refusal
+from tests.unit.controller_samples import ENV_SPECS, env_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -83,3 +87,23 @@ def test_a_model_known_by_name_gets_its_heads_and_context_rules_at_admission(
         engine={"maxModelLen": 200000},
     )
     assert refusal(testbed, ns, longer) is None
+
+
+def test_env_shoal_sets_is_refused_where_python_refuses_it(testbed: Testbed, ns: str) -> None:
+    # The CEL rule's conditions against its Python twin's, on every spec shape that
+    # makes shoal set a variable or not.
+    wrong: list[str] = []
+    for shape in ENV_SPECS:
+        for variable in ManagedEnv:
+            spec = env_spec(shape, [{"name": variable, "value": "x"}])
+            manifest = _manifest(**spec.to_json()).replace('"admit"', '"admit-env"')
+            error = refusal(testbed, ns, manifest)
+            if variable not in managed_env(spec):
+                if error is not None:
+                    wrong.append(f"{shape}/{variable}: refused: {error}")
+            elif error is None or "spec.engine.env: Invalid value" not in error:
+                wrong.append(f"{shape}/{variable}: not refused at spec.engine.env: {error}")
+            elif refusal_text(variable) not in error:
+                wrong.append(f"{shape}/{variable}: refused without its fix: {error}")
+    testbed.kubectl("delete", "vllmcluster", "admit-env", "-n", ns, "--ignore-not-found")
+    assert wrong == []

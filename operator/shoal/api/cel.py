@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from shoal.api.engine_env import ManagedEnv, refusal, rule_of
 from shoal.api.flags import exempt_pattern, managed_pattern
-from shoal.api.spec import API_KEY_ENV, MAX_REPLICAS
+from shoal.api.spec import MAX_REPLICAS
 from shoal.api.validation import (
-    MANAGED_ENV_MESSAGE,
     MAX_NAME_LENGTH,
     NAME_PATTERN,
     OWN_MOUNTS,
@@ -107,6 +107,17 @@ _SETS_MANAGED = (
     f"arg.replace('_', '-').matches('{managed_pattern()}') && "
     f"!arg.replace('_', '-').matches('{exempt_pattern()}')"
 )
+
+
+# When spec.engine.env may not set each variable, as CEL on the spec (None: ever):
+# validation.managed_env's conditions.
+_ENV_WHEN: dict[ManagedEnv, str | None] = {
+    ManagedEnv.API_KEY: None,
+    ManagedEnv.NODE_RANK: f"{_TP} * {_PP} > self.gpu.perNode",
+    ManagedEnv.HF_HOME: "has(self.model.cache) && has(self.model.cache.node)",
+    ManagedEnv.HF_TOKEN: "has(self.model.source) && has(self.model.source.hf) && "
+    "has(self.model.source.hf.tokenSecret)",
+}
 
 
 def _format(template: str, *values: str) -> str:
@@ -346,11 +357,17 @@ RULES: tuple[CelRule, ...] = (
             f"self.filter(arg, ({_SETS_MANAGED}) || (arg == self[0] && !arg.startsWith('-')))",
         ),
     ),
-    CelRule(
-        rule="managed-env",
-        location="engine.env",
-        expression=f"self.all(env, !has(env.name) || env.name != '{API_KEY_ENV}')",
-        message=MANAGED_ENV_MESSAGE,
+    *(
+        CelRule(
+            rule=rule_of(name),
+            location="",
+            expression="!has(self.engine.env) || "
+            + (f"!({when}) || " if when else "")
+            + f"self.engine.env.all(e, !has(e.name) || e.name != '{name}')",
+            message=refusal(name),
+            field_path=".engine.env",
+        )
+        for name, when in _ENV_WHEN.items()
     ),
     *(
         CelRule(

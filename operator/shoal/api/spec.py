@@ -14,6 +14,7 @@ from pydantic import Field
 
 from shoal.api.autoscaling import AutoscalingSpec
 from shoal.api.cache import ModelCache
+from shoal.api.engine_env import ManagedEnv
 from shoal.api.pods import (
     ENV_VAR,
     Affinity,
@@ -46,9 +47,6 @@ DEFAULT_IMAGE = "vllm/vllm-openai:v0.32.0"
 DEFAULT_MAX_NUM_SEQS = 256
 # The most data-parallel replicas; the longest cluster name allowed depends on it.
 MAX_REPLICAS = 10000
-# The engines' API key: vLLM reads it when no --api-key is given; shoal sets it
-# from spec.engine.apiKeySecret, never from spec.engine.env.
-API_KEY_ENV = "VLLM_API_KEY"
 
 
 class SecretKeyRef(ApiModel):
@@ -296,8 +294,11 @@ class EngineSpec(ApiModel):
         default_factory=list,
         json_schema_extra=pass_through_list(128, ENV_VAR),
         description="Environment variables of the engine container (Kubernetes EnvVar "
-        f"objects). Not {API_KEY_ENV}: shoal sets it from apiKeySecret, so that the router "
-        "and the operator know the key too.",
+        "objects), and of the download Job's. Not what shoal sets from other fields: "
+        f"{ManagedEnv.API_KEY} (from apiKeySecret, so that the router and the operator "
+        f"know the key too), {ManagedEnv.HF_TOKEN} with model.source.hf.tokenSecret, "
+        f"{ManagedEnv.HF_HOME} with model.cache.node, {ManagedEnv.NODE_RANK} when a "
+        "replica spans nodes.",
     )
     resources: Resources | None = Field(
         default=None,

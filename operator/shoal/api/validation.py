@@ -17,9 +17,10 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from shoal.api.capacity import RULE_FIELDS, layout_of, plan_spec
+from shoal.api.engine_env import ManagedEnv, refusal, rule_of
 from shoal.api.flags import refused_args
 from shoal.api.resource import VLLMCluster
-from shoal.api.spec import API_KEY_ENV, MAX_REPLICAS, VLLMClusterSpec
+from shoal.api.spec import MAX_REPLICAS, VLLMClusterSpec
 from shoal.controller.mounts import ENGINE_MOUNTS, ROUTER_MOUNTS, Mount
 from shoal.controller.names import DNS_LABEL_MAX, max_cluster_name_length, worker_set_name
 from shoal.planner.plan import layout_refusals
@@ -29,13 +30,6 @@ from shoal.planner.plan import layout_refusals
 # the longest of them fits (controller.names.longest_derived_names).
 NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 MAX_NAME_LENGTH = max_cluster_name_length(max_index=MAX_REPLICAS - 1)
-# Set directly, the key would reach the engines but not the router (which
-# sends it) or the operator (whose canary and warm-up need it): every replica
-# would fail its checks with 401.
-MANAGED_ENV_MESSAGE = (
-    f"spec.engine.env must not set {API_KEY_ENV}: put the key in a Secret and name it in "
-    "spec.engine.apiKeySecret, so that the router and the operator send it too"
-)
 
 
 # The pods' settings whose volumes and mounts must keep off shoal's own: by field,
@@ -285,9 +279,27 @@ def _engine(spec: VLLMClusterSpec) -> list[SpecError]:
         SpecError("spec.engine.extraArgs", str(refused), "managed-flags")
         for refused in refused_args(engine.extra_args)
     ]
-    if any(var.get("name") == API_KEY_ENV for var in engine.env):
-        errors.append(SpecError("spec.engine.env", MANAGED_ENV_MESSAGE, "managed-env"))
+    managed = managed_env(spec)
+    errors += [
+        SpecError("spec.engine.env", refusal(name), rule_of(name))
+        for name in ManagedEnv
+        if name in managed and any(var.get("name") == name for var in engine.env)
+    ]
     return errors
+
+
+def managed_env(spec: VLLMClusterSpec) -> frozenset[ManagedEnv]:
+    """The variables spec.engine.env may not set in this spec: the API key always,
+    the others where shoal sets them for a reason another field states."""
+    names = {ManagedEnv.API_KEY}
+    source, cache = spec.model.source, spec.model.cache
+    if layout_of(spec).nodes_per_replica(spec.gpu.per_node) > 1:
+        names.add(ManagedEnv.NODE_RANK)
+    if cache is not None and cache.node is not None:
+        names.add(ManagedEnv.HF_HOME)
+    if source is not None and source.hf is not None and source.hf.token_secret is not None:
+        names.add(ManagedEnv.HF_TOKEN)
+    return frozenset(names)
 
 
 def _router(spec: VLLMClusterSpec) -> list[SpecError]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shoal.api.cache import DownloadState, DownloadStatus
+from shoal.api.engine_env import ManagedEnv
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import ConditionStatus
 from shoal.controller import mounts
@@ -101,7 +102,7 @@ def token_env(spec: VLLMClusterSpec) -> list[dict[str, Any]]:
     if token is None:
         return []
     ref = {"name": token.name, "key": token.key}
-    return [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}}]
+    return [{"name": ManagedEnv.HF_TOKEN.value, "valueFrom": {"secretKeyRef": ref}}]
 
 
 def build_cache_claim(ref: ClusterRef, spec: VLLMClusterSpec) -> Manifest | None:

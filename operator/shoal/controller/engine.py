@@ -12,7 +12,8 @@ import posixpath
 from typing import Any
 
 from shoal.api.capacity import resolve_architecture
-from shoal.api.spec import API_KEY_ENV, VLLMClusterSpec
+from shoal.api.engine_env import ManagedEnv
+from shoal.api.spec import VLLMClusterSpec
 from shoal.controller import cache, mounts, placement
 from shoal.controller.identity import ClusterRef, Manifest, object_meta
 from shoal.controller.names import (
@@ -162,7 +163,7 @@ def _model_env(spec: VLLMClusterSpec) -> list[dict[str, Any]]:
     source = spec.model.source
     if source is not None and source.pvc is not None:
         return []
-    env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": HF_HOME}]
+    env: list[dict[str, Any]] = [{"name": ManagedEnv.HF_HOME.value, "value": HF_HOME}]
     if cache.uses_shared(spec):
         # Loaded from the claim: a missing file is an error, not a download.
         env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
@@ -177,7 +178,7 @@ def api_key_env(spec: VLLMClusterSpec) -> list[dict[str, Any]]:
     if secret is None:
         return []
     ref = {"name": secret.name, "key": secret.key}
-    return [{"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}]
+    return [{"name": ManagedEnv.API_KEY.value, "valueFrom": {"secretKeyRef": ref}}]
 
 
 def _volumes(
@@ -258,7 +259,7 @@ def _pod_spec(ref: ClusterRef, spec: VLLMClusterSpec, *, index: int, role: str) 
         # worker's pod index is its node rank.
         env.append(
             {
-                "name": "NODE_RANK",
+                "name": ManagedEnv.NODE_RANK.value,
                 "valueFrom": {
                     "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}
                 },
@@ -267,7 +268,7 @@ def _pod_spec(ref: ClusterRef, spec: VLLMClusterSpec, *, index: int, role: str) 
         container["args"] = [
             *engine_args(spec),
             "--headless",
-            *_group_args(ref, spec, index=index, rank="$(NODE_RANK)"),
+            *_group_args(ref, spec, index=index, rank=f"$({ManagedEnv.NODE_RANK})"),
         ]
     container["env"] = env + list(spec.engine.env)
     container["resources"] = _resources(spec)
