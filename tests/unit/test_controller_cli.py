@@ -4,6 +4,9 @@ otherwise crash-loop on a traceback)."""
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable, Iterator
+
 import pytest
 
 from shoal.cli import main
@@ -31,3 +34,34 @@ def test_args_it_cannot_run_with_are_refused_naming_the_flag(
     *usage, last = err.strip().splitlines()
     assert last.startswith("shoal operator: error: ") and named in last, err
     assert usage[0].startswith("usage: shoal operator"), err
+
+
+@pytest.fixture
+def taken() -> Iterator[int]:
+    """A port another process's socket listens on."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("flag", "args"),
+    [
+        ("--metrics-port", lambda port: ["--metrics-host=127.0.0.1", f"--metrics-port={port}"]),
+        ("--liveness", lambda port: [f"--liveness=http://127.0.0.1:{port}/healthz"]),
+    ],
+)
+def test_a_port_in_use_is_a_one_line_error_not_a_traceback(
+    taken: int,
+    flag: str,
+    args: Callable[[int], list[str]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Before, the metrics server raised from its bind and kopf's liveness server
+    # from among its tasks: a traceback, and a crash-looping pod that said little.
+    with pytest.raises(SystemExit) as exited:
+        main(["operator", *args(taken)])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        f"shoal operator: error: {flag}: cannot listen on 127.0.0.1:{taken}: Address already in use"
+    ), err

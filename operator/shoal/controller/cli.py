@@ -7,6 +7,7 @@ import asyncio
 import functools
 import logging
 import os
+import socket
 from urllib.parse import urlsplit
 
 import kopf
@@ -125,12 +126,31 @@ async def peering_installed(kube: KubeApi, *, clusterwide: bool) -> bool:
     return wanted in served
 
 
-async def operate(args: argparse.Namespace) -> None:
+def serve_metrics(args: argparse.Namespace, metrics: OperatorMetrics) -> None:
+    """Start the metrics server, and see that kopf will be able to bind the liveness
+    address (it binds it among its own tasks, where a failure ends in a traceback).
+    Raises OSError naming the flag."""
+    flag, host, port = "--liveness", "", 0
+    try:
+        if args.liveness:
+            parts = urlsplit(args.liveness)
+            host, port = parts.hostname or "", _liveness_port(args.liveness)
+            with socket.create_server((host, port)):
+                pass
+        if args.metrics_port:
+            flag, host, port = "--metrics-port", args.metrics_host, args.metrics_port
+            start_http_server(port, addr=host, registry=metrics.registry)
+    except OSError as error:
+        # The errno's own words: create_server adds the address to strerror.
+        reason = os.strerror(error.errno) if error.errno and error.errno > 0 else str(error)
+        raise OSError(f"{flag}: cannot listen on {host}:{port}: {reason}") from None
+
+
+async def operate(args: argparse.Namespace, metrics: OperatorMetrics) -> None:
     settings = ControllerSettings(
         router_image=args.router_image,
         router_pull_secrets=tuple(args.router_image_pull_secret),
     )
-    metrics = OperatorMetrics()
     kube = KubeApi()
     recorder = EventRecorder(kube, counted=metrics.event_posted)
     ctx = OperatorContext(
@@ -140,8 +160,6 @@ async def operate(args: argparse.Namespace) -> None:
         record_event=recorder.record,
         metrics=metrics,
     )
-    if args.metrics_port:
-        start_http_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
     namespaces = list(args.namespace)
     clusterwide = not namespaces
     standalone = args.standalone or not await peering_installed(ctx.kube, clusterwide=clusterwide)
@@ -168,5 +186,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     quiet_request_log()
-    asyncio.run(operate(args))
+    metrics = OperatorMetrics()
+    try:
+        serve_metrics(args, metrics)
+    except OSError as error:
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
+    asyncio.run(operate(args, metrics))
     return 0
