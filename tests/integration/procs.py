@@ -74,11 +74,13 @@ def router(
     *,
     config: dict[str, Any] | None = None,
     name: str = "router",
+    args: Sequence[str] = (),
 ) -> Iterator[str]:
     """A router over endpoints on router.json `config` (its defaults, but for
     replicaHeader on: tests count placements by it), once it is Ready."""
     config = {"replicaHeader": True, **(config or {})}
-    with start_router(log=tmp / f"{name}.log", config=config, endpoints=endpoints) as front:
+    log = tmp / f"{name}.log"
+    with start_router(log=log, config=config, endpoints=endpoints, args=args) as front:
         front.wait_http("/ready", timeout=20)
         yield front.url
 

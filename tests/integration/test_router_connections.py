@@ -5,6 +5,9 @@
   nothing; on the internal port (peers, warm-up) too;
 - connections beyond maxClientConnections are answered 503 (OpenAI-shaped,
   Retry-After) and closed; the router serves again once some close;
+- with the client port full, the internal port (--serve-internal, as the
+  operator runs routers) still answers /health, /ready and /metrics: kubelet's
+  probes and the operator's reads go there;
 - requests aiohttp's parser refuses get OpenAI-shaped 400s that echo none of
   their bytes, cheaply, with no traceback logged, and the router keeps serving;
 - answers name no server software and, unless replicaHeader is set for
@@ -26,6 +29,7 @@ from pathlib import Path
 import httpx
 
 from shoal.procs import free_port
+from shoal.router.metrics import INFLIGHT
 from tests.integration.procs import MODEL, router, sims
 
 FINE = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
@@ -208,3 +212,30 @@ def test_a_client_that_expects_100_continue_is_told_to_go_on(tmp_path: Path) -> 
             sock.sendall(head % (len(body), b"a-miracle") + body)
             error = _openai(_answer(sock), 417)
         assert error["param"] == "Expect"
+
+
+def test_with_every_client_connection_held_the_internal_port_answers_probes_and_metrics(
+    tmp_path: Path,
+) -> None:
+    # Kept-alive client pools fill the client port's bound with no load at all:
+    # kubelet's liveness probe there got 503 and restarted a router that served
+    # every one of those clients.
+    internal = free_port()
+    config = {"maxClientConnections": 3, "internalPort": internal}
+    args = ["--serve-internal"]
+    with (
+        sims(1, tmp_path) as urls,
+        router(urls, tmp_path, config=config, args=args) as front,
+        ExitStack() as held,
+    ):
+        for _ in range(3):
+            pooled = held.enter_context(_connection(front))
+            pooled.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert pooled.recv(65536).startswith(b"HTTP/1.1 200"), "kept alive, then idle"
+        with _connection(front) as probe:  # answered at once, before it asks
+            _openai(_answer(probe), 503)
+        inside = f"http://127.0.0.1:{internal}"
+        assert httpx.get(inside + "/health", timeout=5).text == "ok"
+        assert httpx.get(inside + "/ready", timeout=5).status_code == 200
+        metrics = httpx.get(inside + "/metrics", timeout=5)
+        assert metrics.status_code == 200 and INFLIGHT in metrics.text

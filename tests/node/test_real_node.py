@@ -14,6 +14,8 @@
   volume update: the old key is refused, the new one accepted, no restart;
 - `kubectl logs` and `kubectl exec` work on shoal's pods there;
 - a failing liveness probe makes kubelet restart the container;
+- clients holding every connection a router allows do not get it restarted
+  (kubelet probes its internal port);
 - an engine that hangs is taken out and its container or pod replaced.
 """
 
@@ -23,7 +25,9 @@ import base64
 import contextlib
 import datetime
 import json
+import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -423,6 +427,61 @@ def test_a_failing_liveness_probe_makes_kubelet_restart_the_container(
         "get", "events", "-n", apps, "--field-selector", "involvedObject.name=liveness"
     )
     assert "Unhealthy" in events and "Liveness probe failed" in events, events
+
+
+def _refused_at_once(connection: socket.socket) -> bool:
+    """Whether the router answered a connection 503 before it asked anything
+    (it does so beyond its bound); False when it waits for a request."""
+    connection.settimeout(1)
+    try:
+        answer = connection.recv(65536)
+    except TimeoutError:
+        connection.settimeout(10)
+        return False
+    assert answer.startswith(b"HTTP/1.1 503"), answer
+    return True
+
+
+def test_clients_holding_every_router_connection_do_not_get_it_restarted(
+    node_testbed: Testbed, apps: str, shoal_release: str
+) -> None:
+    # Kept-alive client pools fill the router's connection bound with no load at
+    # all. kubelet probed the client port, got 503 there, and restarted the
+    # router serving every one of those clients.
+    name = "crowded"
+    router = {"replicas": 1, "maxClientConnections": 4}
+    apply(node_testbed, apps, on_real_node(name, router=router))
+    wait_for(lambda: _ready_cluster(node_testbed, apps, name), what=f"{name} Ready", timeout=240)
+    service = get_json(node_testbed, "service", router_name(name), "-n", apps)
+    address = (service["spec"]["clusterIP"], service["spec"]["ports"][0]["port"])
+    selector = selector_text(router_selector(name))
+
+    def router_pod() -> dict[str, Any]:
+        (pod,) = get_json(node_testbed, "pods", "-n", apps, "-l", selector)["items"]
+        return dict(pod)
+
+    uid = router_pod()["metadata"]["uid"]
+    assert node_testbed.state is not None
+    with (
+        nodehost.route_to_service(node_testbed.state.node_layout(), address[0]),
+        contextlib.ExitStack() as held,
+    ):
+        # Up to the bound (Prometheus keeps a connection of its own), then one more.
+        for _ in range(5):
+            pooled = held.enter_context(socket.create_connection(address, timeout=10))
+            if _refused_at_once(pooled):
+                break
+            pooled.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert pooled.recv(65536).startswith(b"HTTP/1.1 200")  # then idle, kept alive
+        else:
+            raise AssertionError("the router took 5 connections with a bound of 4")
+        # Liveness gives up after 3 failures 5 s apart; wait past that.
+        time.sleep(25)
+        pod = router_pod()
+        (status,) = pod["status"]["containerStatuses"]
+    assert pod["metadata"]["uid"] == uid and status["restartCount"] == 0, status
+    assert status["ready"], pod["status"]
+    node_testbed.kubectl("delete", "vllmcluster", name, "-n", apps, "--wait=false")
 
 
 def test_an_engine_that_hangs_is_restarted_on_the_real_node(

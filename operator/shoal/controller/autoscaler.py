@@ -24,6 +24,7 @@ from kr8s.asyncio.objects import new_class
 
 from shoal.api import API_VERSION, KIND
 from shoal.api.autoscaling import AutoscalingStatus
+from shoal.api.router import INTERNAL_PORT
 from shoal.api.spec import VLLMClusterSpec
 from shoal.controller.autoscale import (
     Demand,
@@ -42,7 +43,7 @@ from shoal.controller.decide import Event, EventType
 from shoal.controller.identity import ClusterRef
 from shoal.controller.kube import ApiError
 from shoal.controller.logs import cluster_logger
-from shoal.controller.names import ANNOTATION_PAUSED, ANNOTATION_REMOVAL_ORDER, ROUTER_PORT
+from shoal.controller.names import ANNOTATION_PAUSED, ANNOTATION_REMOVAL_ORDER
 from shoal.controller.reconcile import now_text, parse, router_pods
 from shoal.controller.retire import order_text, removal_order, replica_loads
 from shoal.engine.client import METRICS_DEADLINE_SECONDS
@@ -254,7 +255,7 @@ async def _read_routers(
 async def _read_router(ctx: OperatorContext, ip: str) -> RouterDemand | None:
     try:
         response = await ctx.engine.get(
-            base_url(ip, port=ROUTER_PORT) + "/metrics", deadline=METRICS_DEADLINE_SECONDS
+            base_url(ip, port=INTERNAL_PORT) + "/metrics", deadline=METRICS_DEADLINE_SECONDS
         )
         if response.status != 200:
             return None

@@ -165,13 +165,18 @@ def build_router_deployment(
         leader_selector_text(ref.name),
         "--engine-port",
         str(ENGINE_PORT),
+        # The probes' port, apart from the clients' connections.
+        "--serve-internal",
     ]
     env: list[dict[str, Any]] = []
     if router.share_placements:
         # The other router pods, whose placements this one reads; itself left out by name.
         args += ["--peer-selector", selector_text(router_selector(ref.name))]
         env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
-    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5}
+    # On the internal port: clients holding every connection the client port
+    # allows (kept-alive pools, long streams) would have liveness restart a
+    # router that serves them all.
+    probe = {"httpGet": {"path": "/health", "port": "internal"}, "periodSeconds": 5}
     mounted = [mounts.ROUTER_CONFIG.volume_mount(read_only=True)]
     volumes: list[dict[str, Any]] = [
         {"name": mounts.ROUTER_CONFIG.name, "configMap": {"name": name}}
@@ -194,7 +199,8 @@ def build_router_deployment(
         "args": args,
         "ports": [
             {"name": "http", "containerPort": ROUTER_PORT},
-            # Hot prefixes and placements, for the operator and the other routers.
+            # Probes, metrics for the autoscaler, hot prefixes and placements:
+            # for kubelet, the operator and the other routers.
             {"name": "internal", "containerPort": INTERNAL_PORT},
         ],
         "readinessProbe": probe,

@@ -124,8 +124,14 @@ class Router:
                 "/metrics": guarded(self.metrics_endpoint),
             }
         )
+        # Probes and metrics here too: kubelet's probes and the operator's reads
+        # are then apart from the clients' connections, whose bound would
+        # refuse them (a router whose client port is full is no less alive).
         self.internal_dispatch = Dispatch(
             own={
+                "/health": self.health,
+                "/ready": guarded(self.ready),
+                "/metrics": guarded(self.metrics_endpoint),
                 "/hot-prefixes": guarded(self.hot_prefixes),
                 PLACEMENTS_PATH: guarded(self.placements_endpoint),
             },
@@ -336,12 +342,13 @@ class Router:
         return self.hot is not None or self.placements is not None
 
 
-async def serve(router: Router, *, host: str, port: int) -> None:
-    """Run until SIGTERM or SIGINT, then drain and stop."""
+async def serve(router: Router, *, host: str, port: int, internal: bool = False) -> None:
+    """Run until SIGTERM or SIGINT, then drain and stop. internal: serve the
+    internal port even when nothing else needs it (probes and metrics)."""
     await router.start()
     loop = asyncio.get_running_loop()
     servers = [router.server()]
-    if router.serves_internal:
+    if internal or router.serves_internal:
         servers.append(router.server(router.answer_internal))
     ports = [port, router.config.internal_port]
     listening = [

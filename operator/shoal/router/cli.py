@@ -60,6 +60,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=Path,
         help="key sent to engines, first line (overrides engineKeyFile in --config)",
     )
+    parser.add_argument(
+        "--serve-internal",
+        action="store_true",
+        help="serve the internal port (internalPort in --config) even without hot prefixes "
+        "or peers: /health, /ready and /metrics there are apart from the clients' "
+        "connections and their bound (kubelet's probes, the operator's reads)",
+    )
     parser.add_argument("--log-level", default="INFO")
     parser.set_defaults(func=run)
 
@@ -96,5 +103,5 @@ def run(args: argparse.Namespace) -> int:
     # and the event loop's own cost is most of its per-chunk cost.
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         router = Router(config, discovery, key_file, engine_key_file=engine_key_file)
-        runner.run(serve(router, host=args.host, port=args.port))
+        runner.run(serve(router, host=args.host, port=args.port, internal=args.serve_internal))
     return 0
