@@ -267,6 +267,13 @@ def test_prometheus_scrapes_the_operator_routers_and_engines_and_nothing_else(
     assert "not-shoal-engine" not in found
     engines = [t for t in found.values() if _is_engine(t["labels"]["pod"])]
     assert len(engines) == 2
+    # Each pod once: engines on their http port, routers on their internal one
+    # (which a client port full at maxClientConnections does not refuse).
+    pods = [t["labels"]["pod"] for t in _targets(prometheus, monitored)]
+    assert sorted(pods) == sorted(found), pods
+    routers = [t for t in found.values() if t["labels"]["pod"].startswith(f"{FLEET}-router-")]
+    assert routers and {t["labels"]["endpoint"] for t in routers} == {"internal"}, routers
+    assert {t["labels"]["endpoint"] for t in engines} == {"http"}, engines
     for target in engines:
         # The VLLMCluster's name under its own label; `cluster` left for the
         # Kubernetes cluster's name that multi-cluster setups add.

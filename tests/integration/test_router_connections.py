@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from shoal.procs import free_port
-from shoal.router.metrics import INFLIGHT
+from shoal.router.metrics import INFLIGHT, read_samples
 from tests.integration.procs import MODEL, router, sims
 
 FINE = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
@@ -239,3 +239,11 @@ def test_with_every_client_connection_held_the_internal_port_answers_probes_and_
         assert httpx.get(inside + "/ready", timeout=5).status_code == 200
         metrics = httpx.get(inside + "/metrics", timeout=5)
         assert metrics.status_code == 200 and INFLIGHT in metrics.text
+        # What a full port looks like on a dashboard or in an alert.
+        seen = {
+            (sample.name, sample.labels.get("port")): sample.value
+            for sample in read_samples(metrics.text)
+        }
+        assert seen[("shoal_router_client_connections", "api")] == 3
+        assert seen[("shoal_router_connections_refused_total", "api")] == 1
+        assert seen[("shoal_router_connections_refused_total", "internal")] == 0

@@ -22,9 +22,9 @@ from shoal.router.errors import error_response, guarded
 from shoal.router.fleet import Endpoint, Fleet
 from shoal.router.heap import settle
 from shoal.router.hot import HotPrefixes
-from shoal.router.incoming import Answer, Handler, Incoming
+from shoal.router.incoming import Answer, Incoming
 from shoal.router.keys import KeyFile, Keys
-from shoal.router.metrics import RouterMetrics
+from shoal.router.metrics import Listener, RouterMetrics
 from shoal.router.placements import PLACEMENTS_PATH, WAIT_SECONDS, PeerSync, PlacementLog, encode
 from shoal.router.prefix import checkpoints
 from shoal.router.proxy import Proxy
@@ -305,17 +305,19 @@ class Router:
             return await self.proxy.handle(request, target)
         return await target(request)
 
-    def server(self, handler: Handler | None = None) -> HttpServer:
-        """An HTTP server (in a running loop) answering with `handler`, the
-        client port's by default: both ports have the same deadlines and
-        bounds. A client that disconnects cancels its handler, which closes
-        the upstream connection, so the engine aborts the request too."""
-        return HttpServer(
-            handler or self.answer,
+    def server(self, port: Listener = Listener.API) -> HttpServer:
+        """An HTTP server (in a running loop) for one of the router's ports: both
+        have the same deadlines and bounds, each its own connections. A client
+        that disconnects cancels its handler, which closes the upstream
+        connection, so the engine aborts the request too."""
+        server = HttpServer(
+            self.answer if port is Listener.API else self.answer_internal,
             header_seconds=self.config.timeouts.client_header_seconds,
             max_connections=self.config.max_client_connections,
             client_max_size=self.config.max_body_bytes,
         )
+        self.metrics.watch_connections(port, server)
+        return server
 
     async def placements_endpoint(self, request: Incoming) -> web.Response:
         """This router's placements after a cursor, for its peers: waits up to
@@ -349,7 +351,7 @@ async def serve(router: Router, *, host: str, port: int, internal: bool = False)
     loop = asyncio.get_running_loop()
     servers = [router.server()]
     if internal or router.serves_internal:
-        servers.append(router.server(router.answer_internal))
+        servers.append(router.server(Listener.INTERNAL))
     ports = [port, router.config.internal_port]
     listening = [
         await loop.create_server(served, host, at, backlog=BACKLOG)

@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import cast
 
 import httptools
@@ -73,8 +74,10 @@ class HttpServer:
         header_seconds: float,
         max_connections: int,
         client_max_size: int,
+        on_refused: Callable[[], None] | None = None,
     ) -> None:
         self.handler = handler
+        self.on_refused = on_refused
         self.loop = asyncio.get_running_loop()
         self.header_seconds = header_seconds
         self.max_connections = max_connections
@@ -91,7 +94,6 @@ class HttpServer:
             "The router has too many open connections; retry later.",
             extra=b"Retry-After: 1\r\n",
         )
-        self.refused = 0  # connections refused for the bound, for tests and metrics
 
     def __call__(self) -> ClientConnection:
         return ClientConnection(self)
@@ -152,7 +154,8 @@ class ClientConnection(asyncio.Protocol):
         if len(server.connections) >= server.max_connections:
             # Refused before anything is parsed: no task, no parser work.
             self._closing = True
-            server.refused += 1
+            if server.on_refused is not None:
+                server.on_refused()
             writable.write(server.too_many)
             writable.close()
             return

@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -22,6 +23,7 @@ from prometheus_client.samples import Sample
 from shoal.router.tallies import CounterFamily, HistogramFamily, Spread, Tally
 
 if TYPE_CHECKING:
+    from shoal.router.connections import HttpServer
     from shoal.router.fleet import Replica
 
 # Names other parts read (the operator's health loop, the demo's live view).
@@ -30,6 +32,13 @@ LOAD_SCORE = "shoal_router_load_score"
 # The autoscaler's demand (docs/autoscaling.md: stable names for KEDA and HPA users).
 INFLIGHT = "shoal_router_inflight_requests"
 QUEUE_DEPTH = "shoal_router_queue_depth"
+
+
+class Listener(StrEnum):
+    """The router's ports, as its connection series label them."""
+
+    API = "api"  # clients (the Service's port)
+    INTERNAL = "internal"  # probes, the operator, the other routers
 
 
 def read_samples(text: str) -> Iterator[Sample]:
@@ -156,6 +165,20 @@ class RouterMetrics:
             ["replica"],
             registry=r,
         )
+        self.connections = Gauge(
+            "shoal_router_client_connections",
+            "Open connections to the router, by port (api, internal); each port holds at "
+            "most spec.router.maxClientConnections.",
+            ["port"],
+            registry=r,
+        )
+        self.connections_refused = Counter(
+            "shoal_router_connections_refused",
+            "Connections answered 503 and closed because the port held "
+            "spec.router.maxClientConnections already, by port.",
+            ["port"],
+            registry=r,
+        )
 
         self._series: dict[str, ReplicaSeries] = {}
 
@@ -180,6 +203,12 @@ class RouterMetrics:
             lambda: int(series.source.breaker.state(time.monotonic()))
         )
         return series
+
+    def watch_connections(self, port: Listener, server: HttpServer) -> None:
+        """The port's open connections, read when Prometheus collects, and its
+        refusals, counted as they happen."""
+        self.connections.labels(port).set_function(lambda: len(server.connections))
+        server.on_refused = self.connections_refused.labels(port).inc
 
     def forget(self, replica: str) -> None:
         self._series.pop(replica, None)
