@@ -85,6 +85,19 @@ def test_no_rbac_values_create_no_rbac_and_use_the_given_account() -> None:
     assert "--router-image-pull-secret=regcred" in pod["containers"][0]["args"]
 
 
+def test_a_pull_secret_named_twice_is_listed_once() -> None:
+    # The API server warns of a repeat ("duplicate name"); the routers got them too.
+    docs = render(
+        None,
+        "--set-json",
+        'imagePullSecrets=["regcred", {"name": "regcred"}, "0", "mirror", {"name": "0"}]',
+    )
+    pod = kinds(docs)["Deployment"][0]["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": n} for n in ("regcred", "0", "mirror")]
+    passed = [a for a in pod["containers"][0]["args"] if a.startswith("--router-image-pull")]
+    assert passed == [f"--router-image-pull-secret={n}" for n in ("regcred", "0", "mirror")]
+
+
 def test_monitoring_values_add_monitors_and_a_valid_dashboard() -> None:
     by_kind = kinds(render(CHART / "ci" / "monitoring-values.yaml"))
     assert by_kind["ServiceMonitor"][0]["metadata"]["labels"]["release"] == "prometheus"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shoal.controller.cache import build_download_job
 from shoal.controller.desired import desired_fleet
 from tests.unit.controller_samples import REF, ROUTER_IMAGE, fleet_of, spec_of
 
@@ -96,6 +97,26 @@ def test_the_router_pulls_with_the_operators_secrets_and_the_specs() -> None:
     assert secrets == [{"name": "ghcr"}, {"name": "team-registry"}]
     [plain] = _by_kind(fleet_of(spec_of()).after, "Deployment")
     assert "imagePullSecrets" not in plain["spec"]["template"]["spec"]
+
+
+def test_a_pull_secret_named_twice_is_listed_once() -> None:
+    # The API server warns of every repeat ("duplicate name"), on every apply.
+    twice = [{"name": "ghcr"}, {"name": "team"}, {"name": "team"}]
+    spec = spec_of(
+        model={"cache": {"shared": {}}},
+        router={"pod": {"imagePullSecrets": twice}},
+        engine={"pod": {"imagePullSecrets": twice}},
+    )
+    fleet = desired_fleet(
+        REF, spec, router_image=ROUTER_IMAGE, router_pull_secrets=["ghcr", "ghcr"]
+    )
+    [deployment] = _by_kind(fleet.after, "Deployment")
+    engines = [m for r in fleet.replicas for m in r.manifests]
+    for template in [deployment["spec"]["template"], *(e["spec"]["template"] for e in engines)]:
+        assert template["spec"]["imagePullSecrets"] == [{"name": "ghcr"}, {"name": "team"}]
+    job = build_download_job(REF, spec, image="shoal:test", pull_secrets=["ghcr", "ghcr"])
+    assert job is not None
+    assert job["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "ghcr"}]
 
 
 def test_router_service_annotations_are_set_for_internal_load_balancers() -> None:

@@ -38,8 +38,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if kindIs "string" . }}{{ . }}{{ else }}{{ .name }}{{ end -}}
 {{- end -}}
 
+{{/* The imagePullSecrets' names, each once (the API server warns of a repeat). */}}
+{{- define "shoal.pullSecretNames" -}}
+{{- $names := list }}
+{{- range . }}{{ $names = append $names (include "shoal.pullSecretName" .) }}{{ end }}
+{{- $names | uniq | toJson }}
+{{- end -}}
+
 {{- define "shoal.pullSecrets" -}}
-{{- range . }}
-- name: {{ include "shoal.pullSecretName" . | quote }}
+{{- range include "shoal.pullSecretNames" . | fromJsonArray }}
+- name: {{ . | quote }}
 {{- end }}
 {{- end -}}

@@ -25,6 +25,7 @@ from shoal.api.status import ConditionStatus
 from shoal.controller import mounts
 from shoal.controller.identity import ClusterRef, Manifest, object_meta
 from shoal.controller.names import cluster_labels
+from shoal.controller.pods import pull_secret_entries
 from shoal.download.progress import PROGRESS_PATH, PROGRESS_PORT, Progress, describe
 
 CACHE_MOUNT = mounts.SHARED_CACHE.path
@@ -174,7 +175,7 @@ def build_download_job(
         ],
     }
     if pull_secrets:
-        pod["imagePullSecrets"] = [{"name": secret} for secret in pull_secrets]
+        pod["imagePullSecrets"] = pull_secret_entries(pull_secrets)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -3,9 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from shoal.api.pods import PodSettings, RouterPodSettings
+
+
+def pull_secret_entries(names: Iterable[str]) -> list[dict[str, str]]:
+    """imagePullSecrets entries, each name once (the API server warns of a repeat)."""
+    return [{"name": name} for name in dict.fromkeys(names)]
 
 
 def with_pod_settings(template: dict[str, Any], settings: PodSettings | None) -> dict[str, Any]:
@@ -23,8 +29,9 @@ def with_pod_settings(template: dict[str, Any], settings: PodSettings | None) ->
     if settings.service_account_name is not None:
         pod["serviceAccountName"] = settings.service_account_name
     if settings.image_pull_secrets:
-        secrets = [{"name": secret.name} for secret in settings.image_pull_secrets]
-        pod["imagePullSecrets"] = [*pod.get("imagePullSecrets", []), *secrets]
+        present = [entry["name"] for entry in pod.get("imagePullSecrets", [])]
+        given = [secret.name for secret in settings.image_pull_secrets]
+        pod["imagePullSecrets"] = pull_secret_entries([*present, *given])
     if settings.priority_class_name is not None:
         pod["priorityClassName"] = settings.priority_class_name
     if settings.runtime_class_name is not None:

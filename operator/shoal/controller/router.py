@@ -24,7 +24,7 @@ from shoal.controller.names import (
     router_selector,
     selector_text,
 )
-from shoal.controller.pods import with_pod_settings
+from shoal.controller.pods import pull_secret_entries, with_pod_settings
 from shoal.router.config import RouterConfig
 
 CONFIG_DIR = mounts.ROUTER_CONFIG.path
@@ -224,7 +224,7 @@ def build_router_deployment(
         "volumes": volumes,
     }
     if pull_secrets:
-        pod["imagePullSecrets"] = [{"name": secret} for secret in pull_secrets]
+        pod["imagePullSecrets"] = pull_secret_entries(pull_secrets)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
