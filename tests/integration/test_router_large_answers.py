@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -126,3 +127,43 @@ def test_an_engine_that_breaks_off_a_relayed_answer_cuts_the_clients_answer_visi
         assert _post(front, {"model": MODEL, "prompt": "hi", "max_tokens": 1})[0] == 200
     log = (tmp_path / "router.log").read_text()
     assert "broke after its first byte" in log and "Traceback" not in log, log
+
+
+def _post_http10(front: str, request: dict[str, object]) -> tuple[bytes, int]:
+    """An HTTP/1.0 POST (as nginx proxies by default): the answer's head, and
+    how many body bytes came before the router closed the connection."""
+    host, port = front.removeprefix("http://").split(":")
+    body = json.dumps(request).encode()
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+        )
+        got = bytearray()
+        while chunk := sock.recv(MIB):
+            got += chunk
+    head, _, rest = bytes(got).partition(b"\r\n\r\n")
+    return head, len(rest)
+
+
+def _length(head: bytes) -> int | None:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return None
+
+
+def test_an_http10_client_can_tell_a_relayed_answer_cut_short_from_a_whole_one(
+    tmp_path: Path,
+) -> None:
+    # An HTTP/1.0 client's body ends where the connection does: without the
+    # engine's Content-Length, an answer the engine broke off read as whole
+    # (a proxy such as nginx passed it on as a complete 200).
+    with _big_router(tmp_path) as (front, _):
+        request: dict[str, object] = {"model": MODEL, "prompt": "hi", "max_tokens": 32}
+        head, size = _post_http10(front, request)
+        assert head.startswith(b"HTTP/1.1 200") and _length(head) == size == 32 * MIB, head
+        head, size = _post_http10(front, {**request, "cut": True})
+        assert head.startswith(b"HTTP/1.1 200") and _length(head) == 32 * MIB, head
+        assert size < 32 * MIB

@@ -168,17 +168,28 @@ class Incoming:
 
     # ---- a streamed answer
     def stream_head(
-        self, status: int, headers: CIMultiDict[str] | CIMultiDictProxy[str], first: bytes
+        self,
+        status: int,
+        headers: CIMultiDict[str] | CIMultiDictProxy[str],
+        first: bytes,
+        *,
+        length: int | None = None,
     ) -> None:
         """Send a streamed answer's head with its first body bytes, in one
         write: as HTTP/1.1 chunks, or to an HTTP/1.0 client as they come,
-        ended by closing the connection."""
+        ended by closing the connection. `length`: the body's, when known;
+        an HTTP/1.0 client gets it, to tell an answer cut short from a whole
+        one (chunks tell an HTTP/1.1 client)."""
         self.streamed = True
         self.chunked = chunked = self.version == "1.1"
         if not chunked:
             self.keep_alive = False
         head = answer_head(
-            status, headers, length=None, keep_alive=self.keep_alive, version=self.version
+            status,
+            headers,
+            length=None if chunked else length,
+            keep_alive=self.keep_alive,
+            version=self.version,
         )
         if not self.transport.is_closing():  # else the server cancels the handler
             self.transport.write(head + self.framed(first) if first else head)

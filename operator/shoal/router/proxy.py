@@ -684,16 +684,16 @@ class Proxy:
         off after its first byte. Then a client of an event stream (`events`)
         gets an SSE error event; of a plain answer, its connection is cut
         before the body's end, which HTTP/1.1 clients report as an
-        incomplete answer (to an HTTP/1.0 client, whose body the connection's
-        end ends, it looks whole: vLLM sends a plain answer's length, which
-        the router's chunks do not carry)."""
+        incomplete answer (an HTTP/1.0 client, whose body the connection's
+        end ends, gets the engine's Content-Length to compare with)."""
         headers[REQUEST_ID_HEADER] = request_id  # sent now, with the first bytes
         # A stream's headers wait for its first chunk, to go out in one write
         # with it: one system call and one client wake-up fewer per stream,
         # on the path to the first token. The megabytes held of a plain
         # answer go out as the relay's chunks, not joined in one more copy.
         held = exchange.take() if events else b""
-        request.stream_head(status, headers, held)
+        # A plain answer's body goes out as the engine sends it: its length too.
+        request.stream_head(status, headers, held, length=None if events else exchange.length)
         # From here each network read from the engine is written to the
         # client in the same callback (no task switch per chunk); this task
         # only waits for the end.

@@ -41,6 +41,17 @@ HOLD_TOTAL_BYTES = 256 << 20
 MAX_HEAD_BYTES = 1 << 20
 
 
+def declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """An answer's Content-Length: the one value it gives (repeated alike at most),
+    without Transfer-Encoding; else None."""
+    lengths = {value.strip() for name, value in headers if name.lower() == b"content-length"}
+    chunked = any(name.lower() == b"transfer-encoding" for name, _ in headers)
+    if chunked or len(lengths) != 1:
+        return None
+    (length,) = lengths
+    return int(length) if length.isdigit() else None
+
+
 class UpstreamError(Exception):
     """The exchange failed; `answered` says whether response bytes arrived first."""
 
@@ -111,6 +122,8 @@ class Exchange(asyncio.Protocol):
         self._complete = False
         self._keep_alive = False
         self._until_eof = False
+        # The body's length as the answer declared it (Content-Length), if it did.
+        self.length: int | None = None
 
     # ---- caller side
     def send(
@@ -261,6 +274,7 @@ class Exchange(asyncio.Protocol):
         self._until_eof = not any(
             name.lower() in (b"content-length", b"transfer-encoding") for name, _ in self._headers
         )
+        self.length = declared_length(self._headers)
         self._status = status
         if not self.head.done():
             self.head.set_result((status, self._headers))
