@@ -122,8 +122,12 @@ class Exchange(asyncio.Protocol):
         self._complete = False
         self._keep_alive = False
         self._until_eof = False
-        # The body's length as the answer declared it (Content-Length), if it did.
-        self.length: int | None = None
+
+    @property
+    def length(self) -> int | None:
+        """The body's length as the answer's head declared it (Content-Length):
+        read only for the few answers relayed as they come, not per answer."""
+        return declared_length(self._headers)
 
     # ---- caller side
     def send(
@@ -274,7 +278,6 @@ class Exchange(asyncio.Protocol):
         self._until_eof = not any(
             name.lower() in (b"content-length", b"transfer-encoding") for name, _ in self._headers
         )
-        self.length = declared_length(self._headers)
         self._status = status
         if not self.head.done():
             self.head.set_result((status, self._headers))
