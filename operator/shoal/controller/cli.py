@@ -126,7 +126,7 @@ async def peering_installed(kube: KubeApi, *, clusterwide: bool) -> bool:
     return wanted in served
 
 
-def serve_metrics(args: argparse.Namespace, metrics: OperatorMetrics) -> None:
+def start_servers(args: argparse.Namespace, metrics: OperatorMetrics) -> None:
     """Start the metrics server, and see that kopf will be able to bind the liveness
     address (it binds it among its own tasks, where a failure ends in a traceback).
     Raises OSError naming the flag."""
@@ -188,7 +188,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     quiet_request_log()
     metrics = OperatorMetrics()
     try:
-        serve_metrics(args, metrics)
+        start_servers(args, metrics)
     except OSError as error:
         parser.exit(1, f"{parser.prog}: error: {error}\n")
     asyncio.run(operate(args, metrics))

@@ -74,10 +74,10 @@ class HttpServer:
         header_seconds: float,
         max_connections: int,
         client_max_size: int,
-        on_refused: Callable[[], None] | None = None,
     ) -> None:
         self.handler = handler
-        self.on_refused = on_refused
+        # Told of each connection refused for the bound (the router's metrics).
+        self.on_refused: Callable[[], None] | None = None
         self.loop = asyncio.get_running_loop()
         self.header_seconds = header_seconds
         self.max_connections = max_connections
