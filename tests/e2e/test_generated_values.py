@@ -37,6 +37,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from shoal.bench.peers import cache_root
 from shoal.cli import build_parser
 from shoal.controller.cli import port_clash
 from shoal_testbed import prometheus
@@ -242,7 +243,7 @@ class Judges:
 def build_imageref(out: Path) -> Path:
     """hack/imageref: the kubelet's image reference parser, built with the
     testbed's Go caches (the testbed's build fetched its module)."""
-    cache = Path(os.environ.get("SHOAL_CACHE", Path.home() / ".cache" / "shoal"))
+    cache = cache_root()
     env = {
         **os.environ,
         "GOMODCACHE": str(cache / "go" / "mod"),

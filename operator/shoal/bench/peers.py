@@ -152,7 +152,7 @@ def cache_root() -> Path:
     """SHOAL_CACHE, as hack/'s build scripts read it (a cold CI run sets it)."""
     if found := os.environ.get("SHOAL_CACHE"):
         return Path(found)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shoal"
+    return Path.home() / ".cache" / "shoal"
 
 
 def peers_venv(*, log: Path | None = None) -> Path:
