@@ -166,7 +166,7 @@ CLUSTER_NAMES = Pool(
 )
 IMAGES = Pool(
     ("vllm/vllm-openai:v0.32.0", "registry.local:5000/vllm@sha256:" + "0" * 64),
-    (" vllm/vllm-openai", "vllm/vllm-openai:v0.32.0 ", ""),
+    (" vllm/vllm-openai", "vllm/vllm-openai:v0.32.0 ", "", "vllm/VLLM-openai", "vllm@sha256:0"),
 )
 POOLS = (
     OBJECT_NAMES,

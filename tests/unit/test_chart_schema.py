@@ -8,7 +8,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from shoal.schema.names import LABEL_VALUE, OBJECT_NAME, QUALIFIED_NAME, SUBDOMAIN_MAX
+from shoal.schema.names import (
+    IMAGE,
+    IMAGE_DIGEST,
+    IMAGE_ID,
+    IMAGE_REPOSITORY,
+    LABEL_VALUE,
+    OBJECT_NAME,
+    QUALIFIED_NAME,
+    SUBDOMAIN_MAX,
+)
 
 SCHEMA = Path(__file__).resolve().parents[2] / "charts" / "shoal" / "values.schema.json"
 
@@ -40,3 +49,13 @@ def test_label_and_annotation_key_prefixes_are_bounded_as_shoals_are() -> None:
     for name in ("labels", "annotations"):
         refused = found[name]["patternProperties"][f"^[^/]{{{SUBDOMAIN_MAX + 1},}}/"]
         assert refused == {"$ref": "#/definitions/longKeyPrefix"}
+
+
+def test_images_are_shoals_form() -> None:
+    # The chart's images (operator and routers) and a VLLMCluster's spec.image.
+    found = definitions()
+    assert found["image"]["pattern"] == f"^{IMAGE.pattern}$"
+    assert found["image"]["not"] == {"pattern": f"^{IMAGE_ID}$"}
+    assert found["image"]["maxLength"] == found["imageRepository"]["maxLength"] == IMAGE.max_length
+    assert found["imageRepository"]["pattern"] == f"^{IMAGE_REPOSITORY}$"
+    assert f"(@{IMAGE_DIGEST})?" in found["imageTag"]["pattern"]

@@ -52,7 +52,9 @@ class NameForm:
 
     def rule(self, value: str = "self") -> str:
         """The CEL expression that holds when `value` (a CEL expression) has this form."""
-        matches = f"{value}.matches('^{self.pattern}$')"
+        # A backslash in a CEL string literal escapes: doubled, the regex gets it.
+        literal = self.pattern.replace("\\", "\\\\")
+        matches = f"{value}.matches('^{literal}$')"
         return f"{matches} && {self.cel.format(v=value)}" if self.cel else matches
 
     def schema(self) -> dict[str, Any]:
@@ -123,12 +125,34 @@ EXTENDED_RESOURCE = NameForm(
     cel=f"{_PREFIX_CEL} && !{{v}}.contains('kubernetes.io/') && !{{v}}.startsWith('requests.')",
     python=_extended,
 )
+# distribution/reference's grammar, as the kubelet parses an image before it
+# pulls (hack/imageref is that parser; the chart's values.schema.json holds the
+# same pattern): a registry host (a bracketed one is IPv6, with a ':') and port,
+# a lowercase path, a tag, and a digest in an algorithm the kubelet links.
+_HOST_PART = "(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_PART = "[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REGISTRY = f"(?:{_HOST_PART}(?:[.]{_HOST_PART})*|\\[[a-fA-F0-9]*:[a-fA-F0-9:]*\\])(?::[0-9]+)?"
+IMAGE_REPOSITORY = f"(?:{_REGISTRY}/)?{_PATH_PART}(?:/{_PATH_PART})*"
+IMAGE_DIGEST = "(?:sha256:[a-f0-9]{64}|sha384:[a-f0-9]{96}|sha512:[a-f0-9]{128})"
+# 64 hex digits alone the kubelet takes for an image id, not a name.
+IMAGE_ID = "[a-f0-9]{64}"
+# Whatever the kubelet puts before a name of one part (docker.io/library/), its
+# path stays within the 255 characters it takes.
+IMAGE_MAX = 255 - len("docker.io/library/")
+
+
+def _not_an_id(value: str) -> bool:
+    return re.fullmatch(IMAGE_ID, value) is None
+
+
 IMAGE = NameForm(
-    "a container image reference without leading or trailing whitespace",
-    ".+",
-    512,
-    cel="{v}.trim() == {v}",
-    python=_trimmed,
+    "a container image the kubelet can pull: [registry[:port]/]path[:tag][@digest], "
+    "the path in lowercase, a digest sha256, sha384 or sha512 in lowercase hex "
+    "(vllm/vllm-openai:v0.32.0, registry.example.com:5000/vllm@sha256:<64 hex digits>)",
+    f"{IMAGE_REPOSITORY}(:[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?(@{IMAGE_DIGEST})?",
+    IMAGE_MAX,
+    cel="!{v}.matches('^" + IMAGE_ID.replace("{", "{{").replace("}", "}}") + "$')",
+    python=_not_an_id,
 )
 
 
