@@ -10,11 +10,13 @@ restarts it.
   routers and both engines are targets and up, a pod that only looks like an
   engine (component: engine, not managed by shoal) is not a target; the
   VLLMCluster's name is the `vllmcluster` label.
-- The NetworkPolicy as rendered selects the fleet's engine pods and not the
-  look-alike, and admits the metrics scraper named in networkPolicy.metricsFrom
-  on the engines' http port. Nothing on this testbed enforces NetworkPolicy
-  (no CNI): this shows the policy admits the Prometheus it is configured for,
-  and that the engine targets are up with it in place, not that packets from
+- The NetworkPolicies as rendered: the engines' selects the fleet's engine
+  pods and not the look-alike, and admits the metrics scraper named in
+  networkPolicy.metricsFrom on the engines' http port; the routers' selects
+  the fleet's routers, admits any pod to their OpenAI API and only shoal's
+  routers, the operator and the scraper to their internal port. Nothing on
+  this testbed enforces NetworkPolicy (no CNI): this shows whom the policies
+  admit and that the targets are up with them in place, not that packets from
   other pods are dropped.
 - The hung replica's restart fires ShoalReplicaRestarted in Prometheus.
 - Every expression of every dashboard panel, read from the dashboard JSON,
@@ -59,7 +61,8 @@ DASHBOARD = CHART / "dashboards" / "shoal.json"
 RELEASE = "shoal-mon"  # fullname too: jobs shoal-mon-metrics and <ns>/shoal-mon-fleets
 FLEET = "fleet"
 # The scraper the NetworkPolicy admits (values' networkPolicy.metricsFrom).
-SCRAPER_NAMESPACE = {"kubernetes.io/metadata.name": "monitoring"}
+NAMESPACE_NAME = "kubernetes.io/metadata.name"  # the label every namespace has
+SCRAPER_NAMESPACE = {NAMESPACE_NAME: "monitoring"}
 SCRAPER_POD = {"app.kubernetes.io/name": "prometheus"}
 # Quick to find the hung replica, slow enough (5 s canary) not to take a
 # busy machine's slow answers for a hang.
@@ -294,43 +297,58 @@ def _admits(
     pod_labels: Mapping[str, str],
     port: str,
 ) -> bool:
-    """Whether a pod with these labels, in a namespace with these labels,
-    may reach a pod the policy selects on the named port (NetworkPolicy's
-    rules for peers in another namespace than the policy's)."""
+    """Whether a pod with these labels, in a namespace with these labels, may
+    reach a pod the policy selects on the named port, by NetworkPolicy's rules:
+    a rule without `from` admits every pod; a peer without namespaceSelector
+    means the policy's own namespace, one without podSelector every pod."""
+    own = policy["metadata"]["namespace"] == namespace_labels.get(NAMESPACE_NAME)
     for rule in policy["spec"].get("ingress") or []:
         ports = rule.get("ports")
         if ports and not any(p.get("port") == port for p in ports):
             continue
-        for peer in rule.get("from") or []:
-            # A peer without namespaceSelector means the policy's own namespace.
-            if "namespaceSelector" not in peer:
+        peers = rule.get("from")
+        if not peers:
+            return True
+        for peer in peers:
+            if "ipBlock" in peer:
                 continue
-            if selects(peer["namespaceSelector"], namespace_labels) and selects(
-                peer.get("podSelector") or {}, pod_labels
-            ):
+            if "namespaceSelector" in peer:
+                in_namespace = selects(peer["namespaceSelector"], namespace_labels)
+            else:
+                in_namespace = own
+            if in_namespace and selects(peer.get("podSelector") or {}, pod_labels):
                 return True
     return False
+
+
+def _policies(testbed: Testbed, monitored: Monitored) -> dict[str, dict[str, Any]]:
+    policies = get_json(testbed, "networkpolicies", "-n", monitored.apps)["items"]
+    return {p["metadata"]["name"].removeprefix(f"{RELEASE}-"): p for p in policies}
+
+
+def _selected(policy: Mapping[str, Any], pods: list[dict[str, Any]]) -> set[str]:
+    return {
+        p["metadata"]["name"]
+        for p in pods
+        if selects(policy["spec"]["podSelector"], p["metadata"].get("labels") or {})
+    }
 
 
 def test_the_network_policy_selects_only_shoals_engines_and_admits_the_configured_scraper(
     testbed: Testbed, prometheus: Prometheus, monitored: Monitored
 ) -> None:
-    policies = get_json(testbed, "networkpolicies", "-n", monitored.apps)["items"]
-    assert len(policies) == 1
-    policy = policies[0]
+    policies = _policies(testbed, monitored)
+    assert sorted(policies) == ["engines", "routers"]
+    policy = policies["engines"]
     pods = get_json(testbed, "pods", "-n", monitored.apps)["items"]
-    selected = {
-        p["metadata"]["name"]
-        for p in pods
-        if selects(policy["spec"]["podSelector"], p["metadata"].get("labels") or {})
-    }
+    selected = _selected(policy, pods)
     engines = {p["metadata"]["name"] for p in pods if _is_engine(p["metadata"]["name"])}
     assert selected == engines, "the policy selects exactly the fleet's engines"
     assert "not-shoal-engine" not in selected
     assert _admits(policy, namespace_labels=SCRAPER_NAMESPACE, pod_labels=SCRAPER_POD, port="http")
     assert not _admits(
         policy,
-        namespace_labels={"kubernetes.io/metadata.name": "other"},
+        namespace_labels={NAMESPACE_NAME: "other"},
         pod_labels=SCRAPER_POD,
         port="http",
     )
@@ -349,6 +367,61 @@ def test_the_network_policy_selects_only_shoals_engines_and_admits_the_configure
         interval=1,
     )
     assert engine_targets
+
+
+def test_the_routers_policy_keeps_their_internal_port_to_shoal_and_the_scraper(
+    testbed: Testbed, prometheus: Prometheus, monitored: Monitored
+) -> None:
+    policy = _policies(testbed, monitored)["routers"]
+    pods = get_json(testbed, "pods", "-n", monitored.apps)["items"]
+    routers = {
+        p["metadata"]["name"]: p["metadata"]["labels"]
+        for p in pods
+        if p["metadata"]["name"].startswith(f"{FLEET}-router-")
+    }
+    assert routers and _selected(policy, pods) == set(routers)
+    [operator] = get_json(
+        testbed, "pods", "-n", monitored.system, "-l", "app.kubernetes.io/component=operator"
+    )["items"]
+    apps = {NAMESPACE_NAME: monitored.apps}
+    system = {NAMESPACE_NAME: monitored.system}
+    anyone = {"app": "client"}
+    router_labels = next(iter(routers.values()))
+    # The OpenAI API: any pod (no networkPolicy.clientsFrom given).
+    for namespace in (apps, {NAMESPACE_NAME: "other"}):
+        assert _admits(policy, namespace_labels=namespace, pod_labels=anyone, port="http")
+    # The internal port: the other routers (placements), the operator (autoscaling,
+    # warm-up) and the scraper; not any pod, in the fleet's namespace or another.
+    admitted = {
+        "router": (apps, router_labels),
+        "operator": (system, operator["metadata"]["labels"]),
+        "scraper": (SCRAPER_NAMESPACE, SCRAPER_POD),
+    }
+    for who, (namespace, labels) in admitted.items():
+        assert _admits(policy, namespace_labels=namespace, pod_labels=labels, port="internal"), who
+    for namespace in (apps, system, {NAMESPACE_NAME: "other"}):
+        assert not _admits(policy, namespace_labels=namespace, pod_labels=anyone, port="internal")
+    # A look-alike of a router in another namespace is not a router of this fleet's.
+    assert not _admits(
+        policy,
+        namespace_labels={NAMESPACE_NAME: "other"},
+        pod_labels=router_labels,
+        port="internal",
+    )
+    # With the policy in place (not enforced here), the routers are scraped.
+    assert wait_for(
+        lambda: (
+            [
+                t
+                for t in _targets(prometheus, monitored)
+                if t["labels"]["pod"] in routers and t["health"] == "up"
+            ]
+            or None
+        ),
+        what="a router target up",
+        timeout=120,
+        interval=1,
+    )
 
 
 # ---- alerts

@@ -50,3 +50,28 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - name: {{ . | quote }}
 {{- end }}
 {{- end -}}
+
+{{/* The labels shoal puts on its pods of one component (router, engine). */}}
+{{- define "shoal.networkPolicy.shoalLabels" -}}
+app.kubernetes.io/component: {{ . }}
+app.kubernetes.io/managed-by: shoal
+{{- end -}}
+
+{{/* A podSelector for shoal's pods of one component, of some VLLMCluster. */}}
+{{- define "shoal.networkPolicy.shoalPods" -}}
+matchLabels:
+  {{- include "shoal.networkPolicy.shoalLabels" . | nindent 2 }}
+matchExpressions:
+  - key: serving.shoal.dev/cluster
+    operator: Exists
+{{- end -}}
+
+{{/* A NetworkPolicy peer: this release's operator pods, in its namespace. */}}
+{{- define "shoal.networkPolicy.operatorPeer" -}}
+- namespaceSelector:
+    matchLabels:
+      kubernetes.io/metadata.name: {{ .Release.Namespace | quote }}
+  podSelector:
+    matchLabels:
+      {{- include "shoal.selectorLabels" . | nindent 6 }}
+{{- end -}}
