@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the real node's container runtime (containerd 2.x, its runc shim and
-# ctr) from Go modules, and install what the node takes from Debian (runc, the
+# ctr) and its NetworkPolicy enforcer (kube-router's firewall) from Go modules, and install what the node takes from Debian (runc, the
 # CNI plugins, iptables, conntrack). Debian bookworm's containerd is 1.6; the
 # node runs containerd 2.x, which only the module proxy has.
 #
@@ -24,9 +24,10 @@ export CGO_ENABLED=0
 log() { printf '[node-build %s] %s\n' "$(date +%T)" "$*" >&2; }
 
 # Debian parts: runc, CNI plugins (bridge, host-local, loopback, portmap),
-# iptables for kube-proxy, conntrack, gcc for the pause binary, buildah for
-# the pause image. apt only when one is missing.
-debs=(runc containernetworking-plugins iptables conntrack gcc libc6-dev buildah)
+# iptables for kube-proxy and kube-router, ipset for kube-router, conntrack,
+# gcc for the pause binary, buildah for the pause image. apt only when one is
+# missing.
+debs=(runc containernetworking-plugins iptables ipset conntrack gcc libc6-dev buildah)
 missing=()
 for d in "${debs[@]}"; do dpkg -s "$d" >/dev/null 2>&1 || missing+=("$d"); done
 if ((${#missing[@]})); then
@@ -35,7 +36,7 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
 fi
 
-key="$( { echo "$CONTAINERD_VERSION $KUBERNETES_VERSION"; cat "$here/build.sh"; } | sha256sum | cut -c1-16)"
+key="$( { echo "$CONTAINERD_VERSION $KUBERNETES_VERSION $KUBE_ROUTER_VERSION"; cat "$here/build.sh"; } | sha256sum | cut -c1-16)"
 out="$cache_root/node/$key"
 bin="$out/bin"
 link="$repo/.testbed/node-bin"
@@ -58,6 +59,13 @@ GOBIN="$bin" go install -trimpath -tags no_btrfs,no_devmapper,no_zfs \
   "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
   "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
   "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION"
+
+# NetworkPolicy on the node: kube-router's firewall (iptables and ipsets).
+# kube-network-policies, which kind runs, needs nftables' queue expression,
+# which this kernel lacks.
+log "building kube-router $KUBE_ROUTER_VERSION"
+GOBIN="$bin" go install -trimpath -ldflags "-s -w" \
+  "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
 
 # The pod sandbox ("pause") image: kubernetes' own pause.c from the module the
 # testbed builds, static, in an image of its own (containerd's default,

@@ -72,8 +72,11 @@ def missing(repo: Path, bin_dir: Path) -> list[str]:
         gaps.append("cgroup v1 hierarchies at /sys/fs/cgroup (docs/real-node.md)")
     gaps += [f"{t} on PATH" for t in HOST_TOOLS if shutil.which(t) is None]
     gaps += [f"{b} (make testbed)" for b in ("kubelet", "kube-proxy") if not (bin_dir / b).exists()]
-    if not (node_bin_dir(repo) / "containerd").exists():
-        gaps.append("containerd (bash hack/node/build.sh)")
+    gaps += [
+        f"{b} (bash hack/node/build.sh)"
+        for b in ("containerd", "kube-router")
+        if not (node_bin_dir(repo) / b).exists()
+    ]
     gaps += [f"{a} (make image)" for a in image_archives(repo) if not a.exists()]
     return gaps
 
@@ -174,7 +177,8 @@ def start(bed: Testbed) -> None:
     layout.run_dir.mkdir(parents=True, exist_ok=True)
     realnode.write_configs(layout, pki_dir=bed.pki, sandbox_image=pause_image(REPO))
     server = f"https://{layout.host_ip}:{bed.state.apiserver_port}"
-    for stem in ("node", "kube-proxy"):
+    # kube-router reads pods, namespaces and NetworkPolicies of every namespace.
+    for stem in ("node", "kube-proxy", "admin"):
         config = _kubeconfig(server, bed.pki, stem)
         (layout.config_dir / f"{stem}.kubeconfig").write_text(yaml.safe_dump(config))
     kubelet_args = realnode.kubelet_args(

@@ -1,6 +1,7 @@
 """The real node's init, run inside its network namespace and a mount namespace
 of its own (`nodehost` starts it there): containerd, the images imported from
-the local builds, kubelet and kube-proxy, as kind's node container runs them.
+the local builds, kubelet, kube-proxy and kube-router's firewall (NetworkPolicy),
+as kind's node container runs them.
 
 It exits when any of them exits (the testbed's supervisor starts it again) and
 stops them on SIGTERM. The pods' containers are the host side's to remove
@@ -26,7 +27,7 @@ from types import FrameType
 from typing import Any
 
 from shoal_testbed import procs
-from shoal_testbed.realnode import CONTAINERD_NAMESPACE, NodeLayout
+from shoal_testbed.realnode import CONTAINERD_NAMESPACE, NODE_NAME, NodeLayout
 
 log = logging.getLogger("noderun")
 
@@ -122,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     children: dict[str, subprocess.Popen[bytes]] = {}
 
     def stop(signum: int, _frame: FrameType | None) -> None:
-        for name in ("kube-proxy", "kubelet", "containerd"):
+        for name in ("kube-router", "kube-proxy", "kubelet", "containerd"):
             if (child := children.get(name)) is not None and child.poll() is None:
                 child.terminate()
         for child in children.values():
@@ -157,13 +158,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         [str(binaries / "kube-proxy"), f"--config={conf / 'kube-proxy.yaml'}"],
         logs=logs,
     )
+    # NetworkPolicy, enforced by kube-router's firewall alone (kube-proxy
+    # serves Services, the bridge plugin routes pods). It exits until kubelet
+    # has registered the node, so it is started again, as its DaemonSet pod
+    # would be.
+    firewall = [
+        str(node_bin / "kube-router"),
+        f"--kubeconfig={conf / 'admin.kubeconfig'}",
+        f"--hostname-override={NODE_NAME}",
+        "--run-firewall=true",
+        "--run-router=false",
+        "--run-service-proxy=false",
+        "--enable-cni=false",
+        "--health-port=0",
+        "--metrics-port=0",
+    ]
+    children["kube-router"] = _start("kube-router", firewall, logs=logs)
     (layout.run_dir / "node.ready").write_text(str(os.getpid()))
     while True:
-        for name, child in children.items():
-            if (code := child.poll()) is not None:
-                log.error("%s exited with %s; stopping the node", name, code)
-                stop(signal.SIGTERM, None)
-        time.sleep(1)
+        for name, child in list(children.items()):
+            if (code := child.poll()) is None:
+                continue
+            if name == "kube-router":
+                log.warning("kube-router exited with %s; starting it again", code)
+                children[name] = _start(name, firewall, logs=logs)
+                continue
+            log.error("%s exited with %s; stopping the node", name, code)
+            stop(signal.SIGTERM, None)
+        time.sleep(2)
 
 
 if __name__ == "__main__":
