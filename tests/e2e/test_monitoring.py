@@ -15,9 +15,9 @@ restarts it.
   networkPolicy.metricsFrom on the engines' http port; the routers' selects
   the fleet's routers, admits any pod to their OpenAI API and only shoal's
   routers, the operator and the scraper to their internal port. Nothing on
-  this testbed enforces NetworkPolicy (no CNI): this shows whom the policies
+  the kwok nodes enforces NetworkPolicy: this shows whom the policies
   admit and that the targets are up with them in place, not that packets from
-  other pods are dropped.
+  other pods are dropped (the real node enforces them: tests/node).
 - The hung replica's restart fires ShoalReplicaRestarted in Prometheus.
 - Every expression of every dashboard panel, read from the dashboard JSON,
   parses, returns series for the fleet, and has sane values for its unit.

@@ -16,6 +16,9 @@
 - a failing liveness probe makes kubelet restart the container;
 - clients holding every connection a router allows do not get it restarted
   (kubelet probes its internal port);
+- the chart's NetworkPolicies, enforced on the node by kube-router, admit
+  everything shoal does (the tests here run with them) and keep any other
+  pod off the engines and the routers' internal port;
 - an engine that hangs is taken out and its container or pod replaced.
 """
 
@@ -38,7 +41,14 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from shoal.controller.names import CONDITION_WARMED, router_name, router_selector, selector_text
+from shoal.api.router import INTERNAL_PORT
+from shoal.controller.names import (
+    CONDITION_WARMED,
+    ROUTER_PORT,
+    router_name,
+    router_selector,
+    selector_text,
+)
 from shoal_testbed import nodehost, prometheus, realnode
 from shoal_testbed.cluster import REPO, Testbed, bin_dir
 from tests.e2e.kube import apply, get_json, wait_for
@@ -128,6 +138,8 @@ def shoal_release(node_testbed: Testbed, apps: str) -> Iterator[str]:
         "operator": {**ON_REAL_NODE, "watchNamespaces": [apps]},
         # The operator's metrics Service comes with the ServiceMonitor.
         "monitoring": {"serviceMonitor": {"enabled": True}},
+        # Enforced on the real node (kube-router): every test here runs with them.
+        "networkPolicy": {"enabled": True, "namespaces": [apps]},
     }
     prometheus.install_crds([str(bin_dir() / "kubectl"), f"--kubeconfig={node_testbed.kubeconfig}"])
     values_file = node_testbed.dir / f"values-{system}.yaml"
@@ -340,6 +352,48 @@ def test_requests_reach_the_fleet_through_its_clusterip_service_from_a_pod_and_t
         reply = complete(host, "hello from the host", key=fleet.key())
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["text"], reply.text
+
+
+# Connects to each (address, port), asks for /health, prints what answered:
+# a status code, or "blocked" (refused, or no answer within 5 s).
+_REACH = """
+import socket, sys
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=5) as c:
+            c.settimeout(5)
+            c.sendall(b"GET /health HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+            print(target, c.recv(64).split(b" ")[1].decode())
+    except OSError:
+        print(target, "blocked")
+"""
+
+
+def test_network_policies_on_the_real_node_admit_shoals_own_traffic_and_nobody_elses(
+    fleet: Fleet,
+) -> None:
+    # The chart's NetworkPolicies, enforced by kube-router on the real node since
+    # before the fleet existed: the fleet got Ready through them (the operator
+    # warmed and checked the engine, the routers reached it, kubelet probed
+    # both). Any other pod reaches the routers' OpenAI API, not their internal
+    # port (where kubelet probes them) and not the engine.
+    policies = get_json(fleet.bed, "networkpolicies", "-n", fleet.ns)["items"]
+    assert sorted(p["metadata"]["name"] for p in policies) == ["shoal-engines", "shoal-routers"]
+    (engine,) = leader_pods(fleet.bed, fleet.ns, fleet.name)
+    routers = [p["status"]["podIP"] for p in fleet.routers()]
+    assert routers
+    expected = {f"{engine['status']['podIP']}:8000": "blocked"}
+    for ip in routers:
+        expected[f"{ip}:{ROUTER_PORT}"] = "200"
+        expected[f"{ip}:{INTERNAL_PORT}"] = "blocked"
+    client = pod_on_real_node("outsider", command=["python3", "-c", _REACH, *expected])
+    logs = _run_to_end(fleet.bed, fleet.ns, client, timeout=120)
+    assert dict(line.split() for line in logs.splitlines()) == expected, logs
+    # Nothing kept the fleet from serving through them.
+    with fleet.from_host() as host:
+        reply = complete(host, "through the policies", key=fleet.key())
+    assert reply.status_code == 200, reply.text
 
 
 def test_a_rotated_api_key_secret_reaches_the_running_routers_without_a_restart(
