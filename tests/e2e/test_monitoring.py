@@ -334,6 +334,26 @@ def _selected(policy: Mapping[str, Any], pods: list[dict[str, Any]]) -> set[str]
     }
 
 
+def _a_target_up(
+    prometheus: Prometheus, monitored: Monitored, pods: set[str], *, what: str
+) -> list[dict[str, Any]]:
+    """The targets of these pods that are up, once there is one."""
+    found: list[dict[str, Any]] = wait_for(
+        lambda: (
+            [
+                t
+                for t in _targets(prometheus, monitored)
+                if t["labels"]["pod"] in pods and t["health"] == "up"
+            ]
+            or None
+        ),
+        what=what,
+        timeout=120,
+        interval=1,
+    )
+    return found
+
+
 def test_the_network_policy_selects_only_shoals_engines_and_admits_the_configured_scraper(
     testbed: Testbed, prometheus: Prometheus, monitored: Monitored
 ) -> None:
@@ -353,20 +373,7 @@ def test_the_network_policy_selects_only_shoals_engines_and_admits_the_configure
         port="http",
     )
     # With the policy in place (not enforced here), the engines' targets are up.
-    engine_targets = wait_for(
-        lambda: (
-            [
-                t
-                for t in _targets(prometheus, monitored)
-                if t["labels"]["pod"] in engines and t["health"] == "up"
-            ]
-            or None
-        ),
-        what="an engine target up",
-        timeout=120,
-        interval=1,
-    )
-    assert engine_targets
+    assert _a_target_up(prometheus, monitored, engines, what="an engine target up")
 
 
 def test_the_routers_policy_keeps_their_internal_port_to_shoal_and_the_scraper(
@@ -409,19 +416,7 @@ def test_the_routers_policy_keeps_their_internal_port_to_shoal_and_the_scraper(
         port="internal",
     )
     # With the policy in place (not enforced here), the routers are scraped.
-    assert wait_for(
-        lambda: (
-            [
-                t
-                for t in _targets(prometheus, monitored)
-                if t["labels"]["pod"] in routers and t["health"] == "up"
-            ]
-            or None
-        ),
-        what="a router target up",
-        timeout=120,
-        interval=1,
-    )
+    assert _a_target_up(prometheus, monitored, set(routers), what="a router target up")
 
 
 # ---- alerts
