@@ -195,3 +195,19 @@ def test_a_child_write_refused_for_another_reason_is_degraded_reconcile_failed()
     assert refusal_event((refused,)) == Event(
         EventType.WARNING, "ReconcileFailed", "Service c-router: forbidden"
     )
+
+
+def test_an_invalid_spec_with_nothing_running_says_so_in_ready_not_that_replicas_are_0() -> None:
+    # A cluster refused by the operator from the start (the API server admitted
+    # it under an older CRD): nothing runs, and spec.replicas is 2, not 0.
+    spec = spec_of(replicas=2, parallelism={"tensor": 4})
+    errors = validate_spec(spec_of(replicas=2, parallelism={"tensor": 3}))
+    assert errors
+    for parsed in (spec, None):  # checked, or not even parsed
+        nothing = Observed(replicas={}, router=None)
+        found = conditions(build_status(inputs(nothing, spec=parsed, errors=errors)))
+        for kind in ("Ready", "Available"):
+            assert found[kind]["status"] == "False"
+            assert found[kind]["reason"] == "InvalidSpec", found[kind]
+            assert "see SpecValid" in found[kind]["message"]
+            assert "spec.replicas is 0" not in found[kind]["message"]

@@ -286,9 +286,18 @@ def _conditions(
     ]
 
 
+def _none_wanted(inputs: StatusInputs) -> tuple[bool, str, str]:
+    """Ready and Available with no replica wanted: spec.replicas is 0, or an
+    invalid spec keeps the operator from starting any (wanted counts those
+    running then)."""
+    if inputs.errors or inputs.spec is None:
+        return False, "InvalidSpec", "the spec is invalid (see SpecValid); no replica runs"
+    return False, "NoReplicas", "spec.replicas is 0"
+
+
 def _ready(inputs: StatusInputs, *, wanted: int, warm: int) -> tuple[bool, str, str]:
     if wanted == 0:
-        return False, "NoReplicas", "spec.replicas is 0"
+        return _none_wanted(inputs)
     if warm < wanted:
         return False, "ReplicasNotWarm", f"{warm} of {wanted} replicas are warm and Ready"
     spec, router = inputs.spec, inputs.observed.router
@@ -302,7 +311,7 @@ def _ready(inputs: StatusInputs, *, wanted: int, warm: int) -> tuple[bool, str, 
 def _available(inputs: StatusInputs, *, wanted: int, warm: int) -> tuple[bool, str, str]:
     """At least minAvailable replicas (at most spec.replicas) serve behind a router."""
     if wanted == 0:
-        return False, "NoReplicas", "spec.replicas is 0"
+        return _none_wanted(inputs)
     spec, router = inputs.spec, inputs.observed.router
     needed = min(spec.min_available, wanted) if spec is not None else wanted
     counts = f"{warm} of {wanted} replicas are warm and Ready (at least {needed} needed)"
