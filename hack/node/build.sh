@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build the real node's container runtime (containerd 2.x, its runc shim and
-# ctr) and its NetworkPolicy enforcer (kube-router's firewall) from Go modules, and install what the node takes from Debian (runc, the
-# CNI plugins, iptables, conntrack). Debian bookworm's containerd is 1.6; the
-# node runs containerd 2.x, which only the module proxy has.
+# ctr) and its NetworkPolicy enforcer (kube-router's firewall) from Go modules,
+# and install what the node takes from Debian (runc, the CNI plugins, iptables,
+# ipset, conntrack). Debian bookworm's containerd is 1.6; the node runs
+# containerd 2.x, which only the module proxy has.
 #
 # Binaries land in ~/.cache/shoal/node/<hash of the pin and this script>/bin and
 # are linked into .testbed/node-bin (GOMODCACHE/GOCACHE shared with

@@ -104,10 +104,6 @@ def _extended(value: str) -> bool:
     )
 
 
-def _trimmed(value: str) -> bool:
-    return value.strip() == value
-
-
 QUALIFIED_NAME = NameForm(
     "a label or annotation key: a name of at most 63 letters, digits, '-', '_' and '.', "
     "starting and ending with a letter or digit, optionally after a DNS subdomain prefix "
