@@ -8,7 +8,8 @@ simulated engines and checks what clients and the fleet see.
   draws less traffic than its healthy peers;
 - a stream that stalls mid-way ends with an SSE error within the stall
   deadline, the engine's request is aborted, and the replica counts it;
-- broken /metrics leave a replica routable, counted busy, with one warning.
+- broken /metrics leave a replica routable, counted busy, with one warning;
+  late ones that then fail, with a second one saying why.
 """
 
 from __future__ import annotations
@@ -184,6 +185,32 @@ def test_an_engine_with_broken_metrics_stays_in_rotation_with_one_warning(tmp_pa
     warnings = [line for line in log.splitlines() if "WARNING" in line and name in line]
     # Two episodes (the 500s, then garbage after a recovery): two warnings.
     assert len(warnings) == 2, log
+
+
+def test_metrics_late_then_failing_say_why_once(tmp_path: Path) -> None:
+    # An exporter that never answers: late at the scrape timeout (0.2 s), then
+    # failed at the answer's limit (2 s). The warning for the late answer
+    # once hid every reason after it: an endless answer cut at its size on a
+    # busy node (late first) said only "slow".
+    with (
+        sims(1, tmp_path, extra=["--sim-broken-metrics", "hang"]) as hung,
+        sims(1, tmp_path / "..") as healthy,
+        router([*hung, *healthy], tmp_path) as front,
+    ):
+        name = hung[0].removeprefix("http://")
+        wait_until(
+            lambda: "unreadable" in (tmp_path / "router.log").read_text(),
+            what="the failed scrape's reason in the log",
+            timeout=10,
+            interval=0.2,
+        )
+        time.sleep(3.0)  # more rounds of the same episode
+        assert httpx.post(front + "/v1/completions", json=completion("q"), timeout=10).is_success
+    log = (tmp_path / "router.log").read_text()
+    warnings = [line for line in log.splitlines() if "WARNING" in line and name in line]
+    assert len(warnings) == 2, log
+    assert "slow (no answer within 0.2 s)" in warnings[0], log
+    assert "unreadable (no answer within 2 s)" in warnings[1], log
 
 
 def _all_answered(front: str) -> list[str]:

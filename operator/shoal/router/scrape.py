@@ -185,7 +185,9 @@ class Scraper:
         if signals is None:
             if not target.late:  # a late one was counted at its deadline
                 self.metrics.scrape_failures.labels(name).inc()
-            if not target.failing and not target.slow:  # one warning per episode
+            # One warning per episode, and a late answer that then fails says
+            # why too (an endless one cut at its size, a hang at the limit).
+            if not target.failing:
                 log.warning(
                     "metrics of %s unreadable (%s): its load counts as unknown (busy)",
                     name,
