@@ -183,8 +183,13 @@ def test_an_engine_with_broken_metrics_stays_in_rotation_with_one_warning(tmp_pa
         time.sleep(0.5)
     log = (tmp_path / "router.log").read_text()
     warnings = [line for line in log.splitlines() if "WARNING" in line and name in line]
-    # Two episodes (the 500s, then garbage after a recovery): two warnings.
-    assert len(warnings) == 2, log
+    # Two episodes (the 500s, then garbage after a recovery): each says why
+    # once. On a busy machine an answer may also be late before it fails:
+    # at most one "slow" an episode then.
+    unreadable = [line for line in warnings if "unreadable" in line]
+    assert len(unreadable) == 2, log
+    assert "HTTP 500" in unreadable[0] and "not a whole vLLM scrape" in unreadable[1], log
+    assert len(warnings) - len(unreadable) <= 2, log
 
 
 def test_metrics_late_then_failing_say_why_once(tmp_path: Path) -> None:
