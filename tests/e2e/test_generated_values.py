@@ -162,12 +162,7 @@ class Judges:
         self.made: set[str] = set()
 
     def image_refusal(self, image: str) -> str:
-        """The kubelet's parser's refusal of an image reference ("" when none)."""
-        done = subprocess.run(
-            [str(self.imageref)], input=image + "\n", capture_output=True, text=True, timeout=30
-        )
-        verdict = done.stdout.strip()
-        return "" if verdict == "ok" else verdict or done.stderr
+        return image_refusal(self.imageref, image)
 
     def render(self, release: str, namespace: str, values: dict[str, Any]) -> tuple[int, str]:
         path = self.work / "values.json"
@@ -238,6 +233,15 @@ class Judges:
             timeout=60,
         )
         return "" if done.returncode == 0 else done.stdout + done.stderr
+
+
+def image_refusal(imageref: Path, image: str) -> str:
+    """The kubelet's parser's refusal of an image reference ("" when none)."""
+    done = subprocess.run(
+        [str(imageref)], input=image + "\n", capture_output=True, text=True, timeout=30
+    )
+    verdict = done.stdout.strip()
+    return "" if verdict == "ok" else verdict or done.stderr
 
 
 def build_imageref(out: Path) -> Path:

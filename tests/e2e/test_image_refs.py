@@ -14,7 +14,6 @@ a space), so both sides of the grammar get examples."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from shoal_testbed.cluster import Testbed
 from tests.e2e.kube import namespace
 from tests.e2e.operator_env import cluster_manifest, install_crd
 from tests.e2e.test_generated_specs import Server
-from tests.e2e.test_generated_values import build_imageref
+from tests.e2e.test_generated_values import build_imageref, image_refusal
 from tests.unit.test_image_form import ADMITTED, REFUSED
 
 pytestmark = pytest.mark.e2e
@@ -36,29 +35,15 @@ pytestmark = pytest.mark.e2e
 EDITS = "aZ09:/@._-[]+ \té"
 
 
-class Kubelet:
-    """The kubelet's image parser, built from hack/imageref."""
-
-    def __init__(self, binary: Path) -> None:
-        self.binary = binary
-
-    def refusal(self, image: str) -> str:
-        done = subprocess.run(
-            [str(self.binary)], input=image + "\n", capture_output=True, text=True, timeout=30
-        )
-        verdict = done.stdout.strip()
-        return "" if verdict == "ok" else verdict or done.stderr
-
-
 @pytest.fixture(scope="module")
 def judges(
     testbed: Testbed, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Server, Kubelet]]:
+) -> Iterator[tuple[Server, Path]]:
     work = tmp_path_factory.mktemp("imageref")
-    kubelet = Kubelet(build_imageref(work / "imageref"))
+    imageref = build_imageref(work / "imageref")
     install_crd(testbed)
     with namespace(testbed, "images") as ns:
-        yield Server(testbed, ns), kubelet
+        yield Server(testbed, ns), imageref
 
 
 @st.composite
@@ -88,9 +73,9 @@ def images(draw: st.DrawFn) -> str:
 @example(image="[088]/vllm")
 @example(image="0" * 64)
 def test_admission_shoal_and_the_kubelet_agree_on_images(
-    judges: tuple[Server, Kubelet], image: str
+    judges: tuple[Server, Path], image: str
 ) -> None:
-    server, kubelet = judges
+    server, imageref = judges
     refused = server.refusal(cluster_manifest("images", image=image))
     admitted = refused is None
     event("admitted" if admitted else "refused")
@@ -99,6 +84,6 @@ def test_admission_shoal_and_the_kubelet_agree_on_images(
     if refused is not None:
         saying = "[registry[:port]/]path" if within else f"may not be more than {IMAGE.max_length}"
         assert "spec.image" in refused and saying in refused, refused
-    parsed = kubelet.refusal(image)
+    parsed = image_refusal(imageref, image)
     assert not admitted or not parsed, f"{image!r} admitted, the kubelet refuses it: {parsed}"
     assert admitted or parsed or not within, f"{image!r} refused, the kubelet takes it"
