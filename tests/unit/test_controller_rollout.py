@@ -8,13 +8,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from shoal.api.spec import VLLMClusterSpec
+from shoal.api.status import ConditionReason
 from shoal.controller.decide import Decision, Desired, Memory, Probes, decide
 from shoal.controller.desired import manifest_hash
 from shoal.controller.observe import ContainerFacts, Observed, ReplicaFacts, Waiting
 from shoal.controller.rollout import (
     Marks,
     RolloutPolicy,
-    RolloutState,
     held_back,
     marks_of,
     parsed_spec,
@@ -117,7 +117,7 @@ def test_a_crash_looping_replacement_gets_its_last_good_template_back_at_once() 
     assert names(decision) == ["c-r0"]
     good_hash = manifest_hash(fleet_of(GOOD).replicas[0].leader)
     assert manifest_hash(decision.apply[0]) == good_hash
-    assert decision.stall is not None and decision.stall.state is RolloutState.ROLLED_BACK
+    assert decision.stall is not None and decision.stall.state is ConditionReason.ROLLED_BACK
     assert "exits with code 2" in decision.stall.message
     assert "RolledBack" in [e.reason for e in decision.events]
     assert decision.marks["c-r0"].built_from == spec_text(GOOD)
@@ -140,7 +140,7 @@ def test_after_a_rollback_the_pods_go_back_and_no_other_replica_is_replaced() ->
     observed.replicas[0].pods = [pod_for(0)]
     settled = run(desired_of(BAD, marks), observed)
     assert names(settled) == [] and not settled.delete_pods and not settled.marks
-    assert settled.stall is not None and settled.stall.state is RolloutState.ROLLED_BACK
+    assert settled.stall is not None and settled.stall.state is ConditionReason.ROLLED_BACK
 
 
 def test_a_pending_replacement_waits_for_its_deadline_then_goes_back() -> None:
@@ -162,7 +162,7 @@ def test_without_a_known_good_template_the_rollout_stalls_and_says_so() -> None:
     marks = {0: Marks(built_from=spec_text(BAD), replaced_at=WALL - 5)}
     decision = run(desired_of(BAD, marks), observed)
     assert names(decision) == []
-    assert decision.stall is not None and decision.stall.state is RolloutState.STALLED
+    assert decision.stall is not None and decision.stall.state is ConditionReason.ROLLOUT_STALLED
     assert decision.marks["c-r0"].stalled is not None
 
 

@@ -53,6 +53,49 @@ class ReplicaState(StrEnum):
     DOWNLOADING = "Downloading"
 
 
+class ConditionReason(StrEnum):
+    """Why a condition is as it is: each one docs/troubleshooting.md explains
+    (a unit test holds the two together). Alerts and the operator's
+    condition metric match these words, so renaming one is a breaking change."""
+
+    # Ready and Available
+    SERVING = "Serving"
+    MINIMUM_REPLICAS_AVAILABLE = "MinimumReplicasAvailable"
+    MINIMUM_REPLICAS_UNAVAILABLE = "MinimumReplicasUnavailable"
+    REPLICAS_NOT_WARM = "ReplicasNotWarm"
+    ROUTER_UNAVAILABLE = "RouterUnavailable"
+    NO_ROUTER = "NoRouter"
+    NO_REPLICAS = "NoReplicas"
+    # Progressing
+    SCALING_UP = "ScalingUp"
+    SCALING_DOWN = "ScalingDown"
+    ROLLING_OUT = "RollingOut"
+    RESTARTING = "Restarting"
+    STARTING = "Starting"
+    DOWNLOADING = "Downloading"
+    STABLE = "Stable"
+    PAUSED = "Paused"
+    ROLLOUT_STALLED = "RolloutStalled"  # a replica's new template did not run; none to go back to
+    ROLLED_BACK = "RolledBack"  # ... and it got its last good template back
+    # Degraded
+    AS_EXPECTED = "AsExpected"
+    ENGINE_CRASH_LOOPING = "EngineCrashLooping"
+    ENGINE_OOM_KILLED = "EngineOOMKilled"
+    IMAGE_PULL_FAILING = "ImagePullFailing"
+    CONTAINER_CONFIG_ERROR = "ContainerConfigError"
+    CONTAINER_CANNOT_RUN = "ContainerCannotRun"
+    UNSCHEDULABLE = "Unschedulable"
+    POD_FAILED = "PodFailed"
+    DOWNLOAD_FAILED = "DownloadFailed"
+    RESTART_BUDGET_EXHAUSTED = "RestartBudgetExhausted"
+    MANY_REPLICAS_UNREACHABLE = "ManyReplicasUnreachable"
+    RECONCILE_FAILED = "ReconcileFailed"
+    # SpecValid (InvalidSpec also in Ready, Available and Progressing)
+    VALID = "Valid"
+    INVALID_SPEC = "InvalidSpec"
+    CHILD_REFUSED = "ChildRefused"
+
+
 # metav1.Condition's reason: CamelCase, as apimachinery validates it.
 _REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 

@@ -41,7 +41,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 
 from shoal.api.spec import OnTimeout
-from shoal.api.status import ConditionStatus
+from shoal.api.status import ConditionReason, ConditionStatus
 from shoal.controller.desired import ReplicaObjects, manifest_hash
 from shoal.controller.failures import replica_failure
 from shoal.controller.identity import Manifest
@@ -50,7 +50,6 @@ from shoal.controller.observe import Observed, PodFacts, ReplicaFacts, SetFacts
 from shoal.controller.rollout import (
     Marks,
     RolloutPolicy,
-    RolloutState,
     Stall,
     created,
     judge,
@@ -224,7 +223,7 @@ class Decision:
     replacing: set[int] = field(default_factory=set)
     memory: Memory = field(default_factory=Memory)
     requeue_seconds: float | None = None
-    degraded: tuple[str, str] | None = None  # reason, message
+    degraded: tuple[ConditionReason, str] | None = None  # reason, message
     unhealthy: set[int] = field(default_factory=set)  # out of rotation, not being restarted
     unreachable: set[int] = field(default_factory=set)  # failing together: left alone
     # Rollout marks to write on leader StatefulSets (by name): with their apply
@@ -445,10 +444,12 @@ def heal(
             "errors; the operator may be the one cut off, so none is restarted and they stay "
             "in rotation"
         )
-        part.degraded = ("ManyReplicasUnreachable", message)
+        part.degraded = (ConditionReason.MANY_REPLICAS_UNREACHABLE, message)
         part.unreachable = set(unreachable)
         if not memory.unreachable:
-            part.events.append(Event(EventType.WARNING, "ManyReplicasUnreachable", message))
+            part.events.append(
+                Event(EventType.WARNING, ConditionReason.MANY_REPLICAS_UNREACHABLE, message)
+            )
         keep_out = frozenset(
             i
             for i, (_, found) in checked.items()
@@ -488,7 +489,7 @@ def heal(
         if wait is None:
             part.unhealthy.add(index)
             part.degraded = (
-                "RestartBudgetExhausted",
+                ConditionReason.RESTART_BUDGET_EXHAUSTED,
                 f"replica {index} was restarted {policy.max_restarts} times within "
                 f"{policy.window_seconds:.0f}s and is still unhealthy ({why}); it is kept out "
                 "of rotation and no longer restarted",
@@ -497,7 +498,7 @@ def heal(
                 part.events.append(
                     Event(
                         EventType.WARNING,
-                        "RestartBudgetExhausted",
+                        ConditionReason.RESTART_BUDGET_EXHAUSTED,
                         part.degraded[1],
                         replica=index,
                     )
@@ -838,7 +839,7 @@ def _judge_replacements(
             continue
         part.stall = Stall(
             index,
-            RolloutState.ROLLED_BACK if verdict.roll_back else RolloutState.STALLED,
+            ConditionReason.ROLLED_BACK if verdict.roll_back else ConditionReason.ROLLOUT_STALLED,
             verdict.message,
         )
         part.events.append(

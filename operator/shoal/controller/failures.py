@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from shoal.api.status import ReplicaState
+from shoal.api.status import ConditionReason, ReplicaState
 from shoal.controller.observe import (
     ContainerFacts,
     ExitReason,
@@ -62,7 +62,7 @@ _HINTS: tuple[tuple[re.Pattern[str], str], ...] = (
 @dataclass(frozen=True)
 class Failure:
     state: ReplicaState
-    reason: str  # for Degraded, CamelCase
+    reason: ConditionReason  # Degraded's
     message: str  # what happened, and what to do
 
 
@@ -93,7 +93,7 @@ def _crash(pod: PodFacts, container: ContainerFacts) -> Failure:
     if container.exit_reason is ExitReason.OOM_KILLED:
         return Failure(
             ReplicaState.CRASH_LOOPING,
-            "EngineOOMKilled",
+            ConditionReason.ENGINE_OOM_KILLED,
             f"the engine of pod {pod.name} was OOMKilled ({restarts}): raise "
             "spec.engine.resources.limits.memory (vLLM stages weights in host memory)",
         )
@@ -111,7 +111,9 @@ def _crash(pod: PodFacts, container: ContainerFacts) -> Failure:
     if fix:
         parts.append(fix)
     parts.append(f"see kubectl logs {pod.name} --previous")
-    return Failure(ReplicaState.CRASH_LOOPING, "EngineCrashLooping", ": ".join(parts))
+    return Failure(
+        ReplicaState.CRASH_LOOPING, ConditionReason.ENGINE_CRASH_LOOPING, ": ".join(parts)
+    )
 
 
 def container_failure(pod: PodFacts, container: ContainerFacts) -> Failure | None:
@@ -119,7 +121,7 @@ def container_failure(pod: PodFacts, container: ContainerFacts) -> Failure | Non
     if waiting in _PULL:
         return Failure(
             ReplicaState.IMAGE_PULL_FAILING,
-            "ImagePullFailing",
+            ConditionReason.IMAGE_PULL_FAILING,
             f"image {container.image} cannot be pulled ({waiting}) for pod {pod.name}: "
             "check spec.image and the registry's credentials (imagePullSecrets)",
         )
@@ -127,14 +129,14 @@ def container_failure(pod: PodFacts, container: ContainerFacts) -> Failure | Non
         said = container.waiting_message or "a Secret or ConfigMap it needs is missing"
         return Failure(
             ReplicaState.MISCONFIGURED,
-            "ContainerConfigError",
+            ConditionReason.CONTAINER_CONFIG_ERROR,
             f"pod {pod.name} cannot start: {said}: create it, or fix the reference "
             "(e.g. spec.model.source.hf.tokenSecret)",
         )
     if waiting in _CANNOT_RUN:
         return Failure(
             ReplicaState.CRASH_LOOPING,
-            "ContainerCannotRun",
+            ConditionReason.CONTAINER_CANNOT_RUN,
             f"pod {pod.name} cannot run its engine ({waiting}): {container.waiting_message or ''}",
         )
     if container.crashed and not pod.ready:

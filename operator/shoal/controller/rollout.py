@@ -27,12 +27,13 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
+from typing import Literal
 
 from pydantic import ValidationError
 
 from shoal.api.resource import VLLMCluster
 from shoal.api.spec import VLLMClusterSpec
+from shoal.api.status import ConditionReason
 from shoal.controller.desired import DesiredFleet, ReplicaObjects, build_replica
 from shoal.controller.identity import ClusterRef, Manifest
 from shoal.controller.names import DOMAIN
@@ -54,11 +55,8 @@ MARK_ANNOTATIONS = (
 MAX_SPEC_TEXT = 64 * 1024
 
 
-class RolloutState(StrEnum):
-    """Why a rollout is paused (the Progressing condition's reason)."""
-
-    STALLED = "RolloutStalled"  # a replica's new template did not run; none to go back to
-    ROLLED_BACK = "RolledBack"  # ... and it got its last good template back
+# Why a rollout is paused (the Progressing condition's reason).
+RolloutState = Literal[ConditionReason.ROLLOUT_STALLED, ConditionReason.ROLLED_BACK]
 
 
 def spec_text(spec: VLLMClusterSpec) -> str:
@@ -141,9 +139,9 @@ def stall(policy: RolloutPolicy) -> Stall | None:
     """The pause in force: a replica rolled back (or stuck) on the spec now."""
     for index, marks in sorted(policy.marks.items()):
         if marks.stalled == policy.spec_digest:
-            state = RolloutState.ROLLED_BACK
+            state: RolloutState = ConditionReason.ROLLED_BACK
             if marks.built_from == policy.spec_text:
-                state = RolloutState.STALLED
+                state = ConditionReason.ROLLOUT_STALLED
             return Stall(index, state, marks.stalled_reason or "the rollout is paused")
     return None
 

@@ -15,6 +15,7 @@ from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import (
     CapacityStatus,
     Condition,
+    ConditionReason,
     ConditionStatus,
     ConditionType,
     MeasuredKV,
@@ -31,6 +32,9 @@ from shoal.controller.names import ANNOTATION_PAUSED, leader_selector_text, rout
 from shoal.controller.observe import Observed, ReplicaFacts
 from shoal.controller.restarts import recent_restarts, wall_seconds
 from shoal.engine.metrics import KVPool
+
+# A condition as found: (its status, its reason, the message).
+Found = tuple[bool, ConditionReason, str]
 
 
 @dataclass(frozen=True)
@@ -261,7 +265,7 @@ def _conditions(
 ) -> list[Condition]:
     previous = {c.get("type"): c for c in inputs.previous.get("conditions") or []}
 
-    def condition(kind: ConditionType, found: tuple[bool, str, str]) -> Condition:
+    def condition(kind: ConditionType, found: Found) -> Condition:
         ok, reason, message = found
         status = ConditionStatus.of(ok)
         before = previous.get(kind) or {}
@@ -286,29 +290,45 @@ def _conditions(
     ]
 
 
-def _none_wanted(inputs: StatusInputs) -> tuple[bool, str, str]:
+def _none_wanted(inputs: StatusInputs) -> Found:
     """Ready and Available with no replica wanted: spec.replicas is 0, or an
     invalid spec keeps the operator from starting any (wanted counts those
     running then)."""
     if inputs.errors or inputs.spec is None:
-        return False, "InvalidSpec", "the spec is invalid (see SpecValid); no replica runs"
-    return False, "NoReplicas", "spec.replicas is 0"
+        return (
+            False,
+            ConditionReason.INVALID_SPEC,
+            "the spec is invalid (see SpecValid); no replica runs",
+        )
+    return False, ConditionReason.NO_REPLICAS, "spec.replicas is 0"
 
 
-def _ready(inputs: StatusInputs, *, wanted: int, warm: int) -> tuple[bool, str, str]:
+def _ready(inputs: StatusInputs, *, wanted: int, warm: int) -> Found:
     if wanted == 0:
         return _none_wanted(inputs)
     if warm < wanted:
-        return False, "ReplicasNotWarm", f"{warm} of {wanted} replicas are warm and Ready"
+        return (
+            False,
+            ConditionReason.REPLICAS_NOT_WARM,
+            f"{warm} of {wanted} replicas are warm and Ready",
+        )
     spec, router = inputs.spec, inputs.observed.router
     if spec is not None and spec.router.replicas == 0:
-        return False, "NoRouter", "spec.router.replicas is 0: no router serves the endpoint"
+        return (
+            False,
+            ConditionReason.NO_ROUTER,
+            "spec.router.replicas is 0: no router serves the endpoint",
+        )
     if spec is not None and (router is None or router.available < 1):
-        return False, "RouterUnavailable", "no router pod is available yet"
-    return True, "Serving", f"all {wanted} replicas are warm and Ready behind the router"
+        return False, ConditionReason.ROUTER_UNAVAILABLE, "no router pod is available yet"
+    return (
+        True,
+        ConditionReason.SERVING,
+        f"all {wanted} replicas are warm and Ready behind the router",
+    )
 
 
-def _available(inputs: StatusInputs, *, wanted: int, warm: int) -> tuple[bool, str, str]:
+def _available(inputs: StatusInputs, *, wanted: int, warm: int) -> Found:
     """At least minAvailable replicas (at most spec.replicas) serve behind a router."""
     if wanted == 0:
         return _none_wanted(inputs)
@@ -316,24 +336,34 @@ def _available(inputs: StatusInputs, *, wanted: int, warm: int) -> tuple[bool, s
     needed = min(spec.min_available, wanted) if spec is not None else wanted
     counts = f"{warm} of {wanted} replicas are warm and Ready (at least {needed} needed)"
     if warm < needed:
-        return False, "MinimumReplicasUnavailable", counts
+        return False, ConditionReason.MINIMUM_REPLICAS_UNAVAILABLE, counts
     if spec is not None and spec.router.replicas > 0 and (router is None or router.available < 1):
-        return False, "RouterUnavailable", "no router pod is available yet"
-    return True, "MinimumReplicasAvailable", counts
+        return False, ConditionReason.ROUTER_UNAVAILABLE, "no router pod is available yet"
+    return True, ConditionReason.MINIMUM_REPLICAS_AVAILABLE, counts
 
 
-def _progressing(
-    inputs: StatusInputs, *, wanted: int, replicas: list[ReplicaStatus]
-) -> tuple[bool, str, str]:
+def _progressing(inputs: StatusInputs, *, wanted: int, replicas: list[ReplicaStatus]) -> Found:
     if inputs.paused:
-        return False, "Paused", f"reconciling is paused by the {ANNOTATION_PAUSED} annotation"
+        return (
+            False,
+            ConditionReason.PAUSED,
+            f"reconciling is paused by the {ANNOTATION_PAUSED} annotation",
+        )
     if inputs.errors:
-        return False, "InvalidSpec", "the spec is invalid (see SpecValid); the fleet is left as is"
+        return (
+            False,
+            ConditionReason.INVALID_SPEC,
+            "the spec is invalid (see SpecValid); the fleet is left as is",
+        )
     if (download := inputs.download) is not None and download.state in (
         DownloadState.PENDING,
         DownloadState.RUNNING,
     ):
-        return True, "Downloading", f"the engines wait for the model cache: {download.message}"
+        return (
+            True,
+            ConditionReason.DOWNLOADING,
+            f"the engines wait for the model cache: {download.message}",
+        )
     if inputs.refused:
         reason = _refusal_reason(inputs.refused)
         return (
@@ -341,12 +371,12 @@ def _progressing(
             reason,
             (
                 f"the API server refused {_refused_children(inputs.refused)} "
-                f"(see {'SpecValid' if reason == 'ChildRefused' else 'Degraded'}); "
+                f"(see {'SpecValid' if reason is ConditionReason.CHILD_REFUSED else 'Degraded'}); "
                 "what runs is left as is"
             ),
         )
     if (stall := inputs.decision.stall) is not None:
-        return False, str(stall.state), stall.message
+        return False, stall.state, stall.message
     states = {r.index: r.state for r in replicas}
     draining = sorted(i for i, s in states.items() if s is ReplicaState.DRAINING)
     live = _live(inputs, wanted)
@@ -355,51 +385,60 @@ def _progressing(
     settled = (ReplicaState.SERVING, ReplicaState.HELD)
     waiting = sorted(i for i, s in states.items() if i in live and s not in settled)
     if draining:
-        return True, "ScalingDown", f"draining replicas {_list(draining)}"
+        return True, ConditionReason.SCALING_DOWN, f"draining replicas {_list(draining)}"
     if missing:
-        return True, "ScalingUp", f"creating replicas {_list(missing)}"
+        return True, ConditionReason.SCALING_UP, f"creating replicas {_list(missing)}"
     if inputs.decision.replacing or inputs.memory.in_flight:
         busy = sorted(inputs.decision.replacing | set(inputs.memory.in_flight))
-        return True, "RollingOut", f"replacing replicas {_list(busy)}"
+        return True, ConditionReason.ROLLING_OUT, f"replacing replicas {_list(busy)}"
     if restarting:
-        return True, "Restarting", f"restarting replicas {_list(restarting)}"
+        return True, ConditionReason.RESTARTING, f"restarting replicas {_list(restarting)}"
     if waiting:
-        return True, "Starting", f"waiting for replicas {_list(waiting)} to become Ready"
-    return False, "Stable", f"all {wanted} replicas are up to date"
+        return (
+            True,
+            ConditionReason.STARTING,
+            f"waiting for replicas {_list(waiting)} to become Ready",
+        )
+    return False, ConditionReason.STABLE, f"all {wanted} replicas are up to date"
 
 
-def _degraded(inputs: StatusInputs) -> tuple[bool, str, str]:
+def _degraded(inputs: StatusInputs) -> Found:
     if inputs.decision.degraded is not None:
-        return True, *inputs.decision.degraded
+        reason, message = inputs.decision.degraded
+        return True, reason, message
     if (download := inputs.download) is not None and download.state is DownloadState.FAILED:
-        return True, "DownloadFailed", download.message
+        return True, ConditionReason.DOWNLOAD_FAILED, download.message
     if failed := [r for r in inputs.refused if not r.invalid]:
-        return True, "ReconcileFailed", "; ".join(str(r) for r in failed)
+        return True, ConditionReason.RECONCILE_FAILED, "; ".join(str(r) for r in failed)
     for replica in sorted(inputs.observed.replicas.values(), key=lambda r: r.index):
         for pod in replica.members:
             if pod.unschedulable is not None:
                 return (
                     True,
-                    "Unschedulable",
+                    ConditionReason.UNSCHEDULABLE,
                     f"pod {pod.name} cannot be scheduled: {pod.unschedulable}",
                 )
             if pod.failed:
-                return True, "PodFailed", f"pod {pod.name} failed"
+                return True, ConditionReason.POD_FAILED, f"pod {pod.name} failed"
             if (failure := pod_failure(pod)) is not None:
                 return True, failure.reason, f"replica {replica.index}: {failure.message}"
-    return False, "AsExpected", "no replica is failing"
+    return False, ConditionReason.AS_EXPECTED, "no replica is failing"
 
 
-def _spec_valid(inputs: StatusInputs) -> tuple[bool, str, str]:
+def _spec_valid(inputs: StatusInputs) -> Found:
     if inputs.errors:
-        return False, "InvalidSpec", "; ".join(str(error) for error in inputs.errors)
+        return False, ConditionReason.INVALID_SPEC, "; ".join(str(error) for error in inputs.errors)
     if invalid := [r for r in inputs.refused if r.invalid]:
-        return False, "ChildRefused", "; ".join(str(r) for r in invalid)
-    return True, "Valid", "the spec is valid"
+        return False, ConditionReason.CHILD_REFUSED, "; ".join(str(r) for r in invalid)
+    return True, ConditionReason.VALID, "the spec is valid"
 
 
-def _refusal_reason(refused: tuple[Refusal, ...]) -> str:
-    return "ChildRefused" if any(r.invalid for r in refused) else "ReconcileFailed"
+def _refusal_reason(refused: tuple[Refusal, ...]) -> ConditionReason:
+    return (
+        ConditionReason.CHILD_REFUSED
+        if any(r.invalid for r in refused)
+        else ConditionReason.RECONCILE_FAILED
+    )
 
 
 def _refused_children(refused: tuple[Refusal, ...]) -> str:
