@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -185,6 +186,65 @@ def test_sigterm_drains_in_flight_streams_before_exit(tmp_path: Path) -> None:
         assert httpx.get(front + "/ready", timeout=5).status_code == 503, "draining is not Ready"
         worker.join(timeout=60)
         assert b"".join(received).rstrip().endswith(b"data: [DONE]"), "the stream was cut"
+        assert process.wait_exit(timeout=30) == 0
+
+
+def _exchange(connection: socket.socket, path: str) -> bytes:
+    """GET path on a kept-alive connection; the answer's head (its body read)."""
+    connection.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += connection.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+        if line.startswith(b"content-length:")
+    )  # fmt: skip
+    while len(body) < length:
+        body += connection.recv(65536)
+    return head
+
+
+def test_draining_moves_kept_alive_clients_off_and_serves_those_that_still_come(
+    tmp_path: Path,
+) -> None:
+    # Behind a Service, a kept-alive client stays with a stopping router: each
+    # answer from then on closes its connection, so its client reconnects (to
+    # another router), and one idle for a second is closed. New connections
+    # are still served (kube-proxy may send them until its rules change).
+    with (
+        sims(1, tmp_path, time_scale=1.0) as urls,
+        start_router(log=tmp_path / "router.log", endpoints=urls) as process,
+    ):
+        front = process.url
+        process.wait_http("/ready")
+        address = httpx.URL(front)
+        kept, idle = (socket.create_connection((address.host, address.port)) for _ in "ab")
+        for connection in (kept, idle):
+            connection.settimeout(10)
+            assert b"connection: close" not in _exchange(connection, "/v1/models").lower()
+        done = threading.Event()
+
+        def stream() -> None:  # keeps the drain going
+            body = {"model": MODEL, "prompt": "long", "max_tokens": 800, "stream": True}
+            body["ignore_eos"] = True
+            with httpx.stream("POST", front + "/v1/completions", json=body, timeout=60) as answer:
+                for _ in answer.iter_raw():
+                    pass
+            done.set()
+
+        worker = threading.Thread(target=stream)
+        worker.start()
+        time.sleep(0.3)
+        process.popen.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        head = _exchange(kept, "/v1/models")
+        assert head.startswith(b"HTTP/1.1 200") and b"connection: close" in head.lower(), head
+        assert kept.recv(1) == b"", "a connection told to close stays open"
+        assert httpx.get(front + "/v1/models", timeout=5).status_code == 200
+        assert idle.recv(1) == b"", "the idle connection is not closed"
+        assert not done.is_set(), "the idle connection was closed only once the drain ended"
+        worker.join(timeout=60)
         assert process.wait_exit(timeout=30) == 0
 
 

@@ -23,6 +23,9 @@ from shoal.schema.quantity import Quantity, parse_quantity
 # The router's internal port: its hot prefixes (warm-up reads them from the
 # router pods) and its placements (its peers read them). Never in the Service.
 INTERNAL_PORT = 9090
+# A stopping router's drain is drainSeconds at most; answers still under way
+# after it get this long before their connections are cut.
+CLOSE_SECONDS = 5
 # Scrapes may take most of an interval; metrics older than a few intervals
 # (and never under 2 s) count as full load.
 _SCRAPE_TIMEOUT_SHARE = 0.8

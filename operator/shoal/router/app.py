@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import generate_latest
 
+from shoal.api.router import CLOSE_SECONDS
 from shoal.engine.endpoints import MAX_ANSWER_BYTES
 from shoal.router.config import RouterConfig
 from shoal.router.connections import HttpServer
@@ -34,10 +36,12 @@ from shoal.router.tracing import Tracing
 
 log = logging.getLogger("shoal.router")
 
-# As aiohttp's sites had them: the listen backlog, and how long answers still
-# under way after the drain may take before their connections are cut.
+# As aiohttp's sites had it: the listen backlog.
 BACKLOG = 128
-SHUTDOWN_SECONDS = 60.0
+# Draining, a connection idle this long between requests is closed: its
+# client is not in the middle of back-to-back requests (one of which a close
+# could meet), and reconnects to another router when it has one to send.
+DRAIN_IDLE_SECONDS = 1.0
 
 
 @dataclass
@@ -220,13 +224,25 @@ class Router:
         if self.tracing is not None:
             self.tracing.shutdown()  # exports the spans still batched
 
-    async def drain(self) -> None:
-        """Stop being Ready, then let in-flight requests finish (bounded)."""
+    async def drain(self, servers: Sequence[HttpServer] = ()) -> None:
+        """Stop being Ready and keeping connections alive, then let the requests
+        in flight finish and the clients leave (at most drainSeconds): each
+        answer closes its connection, and one idle for DRAIN_IDLE_SECONDS is
+        closed. The listeners stay open meanwhile: a connection that still
+        comes is served, not refused."""
         self.draining = True
         if self.placements is not None:
             self.placements.close()
+        for served in servers:
+            served.stop_keeping_alive()
         deadline = time.monotonic() + self.config.drain_seconds
-        while self.proxy.inflight + self.proxy.waiting > 0 and time.monotonic() < deadline:  # noqa: ASYNC110 - polled, bounded
+        while time.monotonic() < deadline:
+            for served in servers:
+                served.close_idle(DRAIN_IDLE_SECONDS)
+            if self.proxy.inflight + self.proxy.waiting == 0 and not any(
+                served.connections for served in servers
+            ):
+                return
             await asyncio.sleep(0.1)
 
     # ---- handlers
@@ -364,9 +380,9 @@ async def serve(router: Router, *, host: str, port: int, internal: bool = False)
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("draining")
-    await router.drain()
+    await router.drain(servers)
     for listener in listening:
         listener.close()
     for served in servers:
-        await served.shutdown(SHUTDOWN_SECONDS)
+        await served.shutdown(CLOSE_SECONDS)
     await router.stop()

@@ -83,6 +83,9 @@ class HttpServer:
         self.max_connections = max_connections
         self.client_max_size = client_max_size
         self.connections: set[ClientConnection] = set()
+        # False once the router stops: each answer then closes its
+        # connection, so a kept-alive client reconnects (to another router).
+        self.keep_alive = True
         self.too_slow = canned(
             408,
             "Request Timeout",
@@ -97,6 +100,17 @@ class HttpServer:
 
     def __call__(self) -> ClientConnection:
         return ClientConnection(self)
+
+    def stop_keeping_alive(self) -> None:
+        self.keep_alive = False
+        for connection in self.connections:
+            connection.stop_keeping_alive()
+
+    def close_idle(self, seconds: float) -> None:
+        """Close the connections idle between requests for `seconds` or more."""
+        since = self.loop.time() - seconds
+        for connection in list(self.connections):
+            connection.close_if_idle(since)
 
     async def shutdown(self, seconds: float) -> None:
         """Close idle connections now, the others once their answers are out
@@ -253,6 +267,23 @@ class ClientConnection(asyncio.Protocol):
         if transport.is_closing():
             raise ConnectionResetError("the client closed its connection")
 
+    def stop_keeping_alive(self) -> None:
+        """The last request known closes the connection once answered (those
+        pipelined before it are answered first; any after it are not read)."""
+        last = self._queued[-1] if self._queued else self._active
+        if last is not None:
+            last.keep_alive = False
+
+    def close_if_idle(self, since: float) -> None:
+        """Close it if it has been idle, between requests, since `since` (a
+        client sending just then would lose its request, as at keep-alive's
+        timeout: so only one idle for a while)."""
+        if not self._busy() and self._idle_since <= since and self.transport is not None:
+            self.transport.close()
+
+    def _busy(self) -> bool:
+        return self._active is not None or self._in_head or self._parsing is not None
+
     def close_when_idle(self) -> None:
         self._closing = True
         if self._task is None and self.transport is not None:
@@ -309,7 +340,7 @@ class ClientConnection(asyncio.Protocol):
             version=parser.get_http_version(),
             headers=headers,
             remote=self._remote,
-            keep_alive=parser.should_keep_alive(),
+            keep_alive=parser.should_keep_alive() and self._server.keep_alive,
             max_body=self._server.client_max_size,
             transport=self.transport,
             drain=self.drain,
@@ -476,7 +507,7 @@ class ClientConnection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         now = self._loop.time()
-        busy = self._active is not None or self._in_head or self._parsing is not None
+        busy = self._busy()
         due = self._idle_since + KEEPALIVE_SECONDS
         if not busy and now >= due:
             transport.close()
