@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shoal.api.router import RouterPolicy
+from shoal.api.router import CLOSE_SECONDS, RouterPolicy
 from shoal.controller.desired import desired_fleet, manifest_hash
 from shoal.controller.names import CONDITION_WARMED, ROLE_LEADER
 from shoal.controller.router import router_config
@@ -271,6 +271,19 @@ def test_a_router_without_an_api_key_secret_gets_no_key_file_and_no_secret_volum
     router_pod = fleet_of(spec_of()).after[0]["spec"]["template"]["spec"]
     assert "--api-key-file" not in router_pod["containers"][0]["args"]
     assert [v["name"] for v in router_pod["volumes"]] == ["config"]
+
+
+def test_a_stopping_router_serves_through_its_delay_and_kubelet_waits_out_its_drain() -> None:
+    # kubelet's default 30 s grace killed a router in the middle of a longer
+    # drain (spec.router.drainSeconds up to an hour).
+    router_pod = fleet_of(spec_of(router={"drainSeconds": 120})).after[0]["spec"]["template"]
+    (container,) = router_pod["spec"]["containers"]
+    assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+    grace = router_pod["spec"]["terminationGracePeriodSeconds"]
+    assert grace >= 5 + 120 + CLOSE_SECONDS
+    none = fleet_of(spec_of(router={"shutdownDelaySeconds": 0})).after[0]["spec"]["template"]
+    assert "lifecycle" not in none["spec"]["containers"][0]  # a sleep of 0 needs Kubernetes 1.33
+    assert none["spec"]["terminationGracePeriodSeconds"] >= 30 + CLOSE_SECONDS
 
 
 def test_the_routers_role_may_only_get_list_and_watch_pods() -> None:

@@ -384,6 +384,16 @@ class RouterSpec(RouterSettings):
         description="Router pods a voluntary disruption (a node drain) may take at once "
         "(the router's PodDisruptionBudget).",
     )
+    shutdown_delay_seconds: int = Field(
+        default=5,
+        ge=0,
+        le=300,
+        description="How long a stopping router pod (a rollout, a node drain, a scale-down) "
+        "goes on serving before it is told to stop (a preStop sleep): the time kube-proxy, "
+        "ingress controllers and load balancers take to stop sending it new connections, "
+        "which it would refuse once stopped. Its drain (drainSeconds) follows; the pods' "
+        "terminationGracePeriodSeconds covers both. 0: none.",
+    )
     api_key_secret: SecretKeyRef | None = Field(
         default=None,
         description="Secret key holding accepted API keys, one per line; clients send "

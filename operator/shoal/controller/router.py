@@ -9,7 +9,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from shoal.api.router import INTERNAL_PORT
+from shoal.api.router import CLOSE_SECONDS, INTERNAL_PORT
 from shoal.api.spec import VLLMClusterSpec
 from shoal.controller import mounts
 from shoal.controller.identity import ClusterRef, Manifest, object_meta
@@ -211,6 +211,10 @@ def build_router_deployment(
         "startupProbe": {**probe, "periodSeconds": 2, "failureThreshold": 90},
         "volumeMounts": mounted,
     }
+    if router.shutdown_delay_seconds:
+        # Serving on while the endpoint leaves every node's rules and the
+        # balancers; the router drains once told to stop (SIGTERM).
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": router.shutdown_delay_seconds}}}
     if env:
         container["env"] = env
     resources = router.resources.manifest() if router.resources is not None else {}
@@ -222,6 +226,11 @@ def build_router_deployment(
         "affinity": _spread(ref),
         "containers": [container],
         "volumes": volumes,
+        # The delay, the drain, the close of what is left, and as long again
+        # for the rest of the stop: kubelet's default 30 s cut drains short.
+        "terminationGracePeriodSeconds": (
+            router.shutdown_delay_seconds + router.drain_seconds + 2 * CLOSE_SECONDS
+        ),
     }
     if pull_secrets:
         pod["imagePullSecrets"] = pull_secret_entries(pull_secrets)
