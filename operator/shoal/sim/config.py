@@ -29,6 +29,7 @@ class EngineConfig:
     enable_server_load_tracking: bool = False
     seed: int = 0
     api_keys: tuple[str, ...] = ()  # --api-key, else VLLM_API_KEY (sim/auth.py)
+    shutdown_timeout: int = 0  # seconds (wall clock) a SIGTERM lets requests in flight run
     # Simulator-only (--sim-*).
     time_scale: float = 1.0
     startup_seconds: float = 0.0

@@ -5,6 +5,7 @@ The socket is bound at once but listens only after the simulated model load
 are. A crash fails every request and turns /health to 503; the listener
 closes `crash_exit_seconds` later (real vLLM's API server exits ~3.7 s after
 its engine core dies), and a process whose engines have all gone exits.
+SIGTERM drains as vLLM's --shutdown-timeout says (`EngineServer.drain`).
 
 Many engines share one event loop: `run_engines()` is the Python API that
 `shoal sim` and the tests use.
@@ -128,6 +129,19 @@ class EngineServer:
             self._real(self.config.crash_exit_seconds),
             lambda: loop.create_task(self.stop()),
         )
+
+    async def drain(self) -> None:
+        """SIGTERM, as vLLM takes it: with --shutdown-timeout N, new requests
+        fail (500) while those in flight run to their end, N seconds at most
+        (wall clock); then, or at once with 0 (vLLM aborts them), stop."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.shutdown_timeout
+        if self.config.shutdown_timeout and self.ready.is_set() and not self.engine.dead:
+            log.info("engine at %s drains %d requests", self.url, self.app.in_flight)
+            self.app.shutting_down = True
+            while self.app.in_flight and loop.time() < deadline:  # noqa: ASYNC110 - bounded
+                await asyncio.sleep(0.05)
+        await self.stop()
 
     async def stop(self) -> None:
         for timer in self._timers:
