@@ -139,6 +139,10 @@ class PodRunner:
         self.running: dict[str, Running] = {}  # by UID
         # Pods that ran to completion: their logs stay until the pod goes.
         self.completed: dict[str, Running] = {}  # by UID
+        # Processes of deleted pods still stopping (draining), by pod IP: kwok
+        # removes a pod at once and may give its IP to the next one, which a
+        # real kubelet never lets run beside the pod it replaces.
+        self.stopping: dict[str, subprocess.Popen[bytes]] = {}
         self.stop_event = threading.Event()
         self.synced = threading.Event()
 
@@ -397,6 +401,15 @@ class PodRunner:
 
     def _start(self, uid: str, entry: Running) -> None:
         pod, launch, now = entry.pod, entry.launch, time.monotonic()
+        before = self.stopping.pop(pod["status"]["podIP"], None)
+        if before is not None and before.poll() is None:
+            # Its pod is gone: it would answer for this one (a draining
+            # engine still says /health 200). Cut its drain short.
+            log.info("%s: killing pid %d, still stopping at this IP", pod_key(pod), before.pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(before.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                before.wait(timeout=5)
         argv: list[str] = launch.argv
         extra: dict[str, str] = {}
         dropped: tuple[str, ...] = ()
@@ -470,11 +483,16 @@ class PodRunner:
                 reason,
             )
             process = entry.process
+            ip = entry.pod.get("status", {}).get("podIP")
+            if ip:
+                self.stopping[ip] = process
 
             # Stop in the background: a slow process must not hold up the others.
             def reap() -> None:
                 procs.stop_group(process.pid)
                 process.wait()
+                if ip and self.stopping.get(ip) is process:
+                    del self.stopping[ip]
 
             threading.Thread(target=reap, daemon=True).start()
 

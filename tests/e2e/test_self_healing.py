@@ -106,7 +106,7 @@ def test_a_hung_replica_leaves_rotation_is_restarted_and_rejoins_after_warm_up(
         f"-> back in rotation {back_at - fault_at:.1f}s; {len(load.routed)} requests served, "
         f"{len(load.failed)} failed"
     )
-    assert condition_of(pod, WARMED)["reason"] == "Warmed"
+    assert condition_of(pod, WARMED)["reason"] == "Warmed", condition_of(pod, WARMED)
     wait_ready(testbed, ns, "heal", 2)
     status = cluster(testbed, ns, "heal")["status"]
     entry = next(r for r in status["replicaStatuses"] if r["index"] == 1)
