@@ -21,7 +21,12 @@
   pod off the engines and the routers' internal port;
 - an engine that hangs is taken out and its container or pod replaced;
 - a rolling restart of the routers loses no request sent through the Service,
-  on fresh connections or on one kept alive.
+  on fresh connections or on one kept alive;
+- an engine that exits at start and an image that cannot be pulled show in
+  the VLLMCluster's status as the kwok stand-in has them: the reason, the
+  engine's last words and the fix, from the real kubelet's statuses;
+- an engine pod deleted mid-stream (as a rollout or a node drain stops it)
+  finishes the stream before it exits.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ from shoal.controller.names import (
 from shoal_testbed import nodehost, prometheus, realnode
 from shoal_testbed.cluster import REPO, Testbed, bin_dir
 from tests.e2e.kube import apply, get_json, wait_for
-from tests.e2e.operator_env import cluster_manifest, leader_pods
+from tests.e2e.operator_env import cluster, cluster_manifest, events, leader_pods
 
 pytestmark = pytest.mark.e2e
 
@@ -617,3 +622,96 @@ def test_a_rolling_restart_of_the_routers_loses_no_request(fleet: Fleet) -> None
         outcomes = [client.result() for client in clients]
     told = [(sent, len(failures), sorted(set(failures))) for sent, failures in outcomes]
     assert all(sent >= 20 and not failures for sent, failures in outcomes), told
+
+
+def _degraded_with(bed: Testbed, ns: str, name: str, reason: str) -> dict[str, Any]:
+    """The cluster's Degraded condition once it is True with `reason`."""
+
+    def found() -> dict[str, Any] | None:
+        for condition in cluster(bed, ns, name).get("status", {}).get("conditions", []):
+            if condition["type"] == "Degraded" and condition["reason"] == reason:
+                return dict(condition)
+        return None
+
+    degraded: dict[str, Any] = wait_for(found, what=f"{name} Degraded: {reason}", timeout=180)
+    assert degraded["status"] == "True", degraded
+    warnings = [e["reason"] for e in events(bed, ns, name) if e["type"] == "Warning"]
+    assert reason in warnings, warnings
+    return degraded
+
+
+def test_a_crash_looping_engine_and_an_image_that_cannot_be_pulled_say_why_on_the_real_node(
+    node_testbed: Testbed, apps: str, shoal_release: str
+) -> None:
+    # What the testbed's kwok stand-in reports of failing containers was
+    # modelled on kubelet's; here a real kubelet and containerd report them:
+    # an engine that exits at start (100 KV blocks hold fewer tokens than
+    # maxModelLen, as vLLM refuses) and an image no registry serves.
+    crash = on_real_node("crash")
+    crash["spec"]["engine"]["extraArgs"] += ["--num-gpu-blocks-override", "100"]
+    missing = f"{ENGINE_IMAGE.rsplit(':', 1)[0]}:missing"
+    nopull = on_real_node("nopull")
+    nopull["spec"]["image"] = missing
+    apply(node_testbed, apps, crash, nopull)
+
+    message = _degraded_with(node_testbed, apps, "crash", "EngineCrashLooping")["message"]
+    assert "the engine of pod crash-r0-0 exits with code 2" in message, message
+    # The engine's last words, through kubelet's FallbackToLogsOnError, and the fix.
+    assert "the KV cache cannot hold spec.engine.maxModelLen tokens" in message, message
+    assert "see kubectl logs crash-r0-0 --previous" in message, message
+    previous = node_testbed.kubectl("logs", "crash-r0-0", "-n", apps, "--previous")
+    assert "fewer than max_model_len" in previous, previous[-2000:]
+    entry = cluster(node_testbed, apps, "crash")["status"]["replicaStatuses"][0]
+    assert entry["state"] == "CrashLooping", entry
+    assert entry["lastTermination"] == "pod crash-r0-0: exit code 2 (Error)", entry
+
+    message = _degraded_with(node_testbed, apps, "nopull", "ImagePullFailing")["message"]
+    assert f"image {missing} cannot be pulled" in message, message
+    described = node_testbed.kubectl("describe", "vlc", "nopull", "-n", apps)
+    assert "ImagePullFailing" in described and "check spec.image" in described, described
+    node_testbed.kubectl("delete", "vllmcluster", "crash", "nopull", "-n", apps, "--wait=false")
+
+
+def test_an_engine_pod_deleted_mid_stream_finishes_the_stream(
+    node_testbed: Testbed, apps: str, shoal_release: str
+) -> None:
+    # What a rollout or a node drain does to an engine: kubelet stops its pod.
+    # vLLM's default aborts every request it runs; with --shutdown-timeout
+    # (spec.engine.shutdownTimeoutSeconds) they run to their end, the routers
+    # having dropped the terminating pod for new ones.
+    name = "drained"
+    manifest = on_real_node(name)
+    # Slow enough that the stream outlasts the pod's deletion by seconds.
+    manifest["spec"]["engine"]["extraArgs"] = ["--sim-time-scale", "2"]
+    apply(node_testbed, apps, manifest)
+    wait_for(lambda: _ready_cluster(node_testbed, apps, name), what=f"{name} Ready", timeout=240)
+    service = get_json(node_testbed, "service", router_name(name), "-n", apps)
+    cluster_ip, port = service["spec"]["clusterIP"], service["spec"]["ports"][0]["port"]
+    (leader,) = leader_pods(node_testbed, apps, name)
+    body = {"model": MODEL, "prompt": "a long answer", "max_tokens": 1500, "stream": True}
+    body["ignore_eos"] = True
+    lines: list[str] = []
+    deleted_at = 0.0
+    assert node_testbed.state is not None
+    with (
+        nodehost.route_to_service(node_testbed.state.node_layout(), cluster_ip),
+        httpx.stream(
+            "POST", f"http://{cluster_ip}:{port}/v1/completions", json=body, timeout=120
+        ) as answer,
+    ):
+        assert answer.status_code == 200, answer.read()
+        for line in answer.iter_lines():
+            if line and not lines:
+                node_testbed.kubectl(
+                    "delete", "pod", leader["metadata"]["name"], "-n", apps, "--wait=false"
+                )
+                deleted_at = time.monotonic()
+            if line:
+                lines.append(line)
+    ran_on = time.monotonic() - deleted_at
+    assert lines[-1] == "data: [DONE]", (ran_on, lines[-3:])
+    last = json.loads(lines[-2].removeprefix("data: "))
+    assert last["choices"][0]["finish_reason"] == "length", last
+    assert len(lines) == 1500 + 1, len(lines)
+    assert ran_on > 1, f"the stream ended {ran_on:.1f} s after the deletion: not a drain"
+    node_testbed.kubectl("delete", "vllmcluster", name, "-n", apps, "--wait=false")

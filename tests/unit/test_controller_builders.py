@@ -273,6 +273,19 @@ def test_a_router_without_an_api_key_secret_gets_no_key_file_and_no_secret_volum
     assert [v["name"] for v in router_pod["volumes"]] == ["config"]
 
 
+def test_a_stopped_engine_drains_its_requests_within_its_grace() -> None:
+    # vLLM's default aborts what it runs at SIGTERM: a rollout or a node drain
+    # cut every stream of the replica it stopped.
+    (replica,) = fleet_of(spec_of(engine={"shutdownTimeoutSeconds": 120})).replicas
+    assert _flag(_args(replica.leader), "--shutdown-timeout") == "120"
+    assert _pod(replica.leader)["terminationGracePeriodSeconds"] >= 120 + 30
+    (default,) = fleet_of(spec_of()).replicas
+    assert _flag(_args(default.leader), "--shutdown-timeout") == "30"
+    (off,) = fleet_of(spec_of(engine={"shutdownTimeoutSeconds": 0})).replicas
+    assert "--shutdown-timeout" not in _args(off.leader)  # images before vLLM 0.18 lack it
+    assert _pod(off.leader)["terminationGracePeriodSeconds"] == 30  # kubelet's default
+
+
 def test_a_stopping_router_serves_through_its_delay_and_kubelet_waits_out_its_drain() -> None:
     # kubelet's default 30 s grace killed a router in the middle of a longer
     # drain (spec.router.drainSeconds up to an hour).

@@ -37,6 +37,7 @@ MANAGED_SETTINGS: dict[str, str] = {
     "max_num_batched_tokens": "spec.engine.maxNumBatchedTokens",
     "gpu_memory_utilization": "spec.engine.gpuMemoryUtilization",
     "enable_prefix_caching": "spec.engine.prefixCaching",
+    "shutdown_timeout": "spec.engine.shutdownTimeoutSeconds",
     "prefix_caching_hash_algo": "shoal (the router recomputes block hashes with sha256_cbor)",
     # The key belongs in a Secret: an argument shows in the pod spec and `ps`.
     "api_key": "spec.engine.apiKeySecret",

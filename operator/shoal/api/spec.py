@@ -270,6 +270,16 @@ class EngineSpec(ApiModel):
         description="Reuse the KV cache of shared prompt prefixes (--enable-prefix-caching); "
         "the cache-aware router and warm-up depend on it.",
     )
+    shutdown_timeout_seconds: int = Field(
+        default=30,
+        ge=0,
+        le=3600,
+        description="When an engine pod is stopped (a rollout replaces it, a node drain "
+        "evicts it), how long vLLM lets its requests in flight finish "
+        "(--shutdown-timeout) while the routers send it no new ones; the pods' "
+        "terminationGracePeriodSeconds covers it. 0: vLLM's default, which aborts them "
+        "(no flag is passed: images before vLLM 0.18 lack it).",
+    )
     memory_overhead: Quantity = Field(
         default="3Gi",
         description="Memory per GPU that is neither weights nor KV cache (activations, CUDA "

@@ -68,6 +68,9 @@ from shoal.warmup.verify import Verdict
 DRAIN_GRACE_SECONDS = 5.0
 # How soon to look again while waiting on an engine (health, drain).
 POLL_SECONDS = 1.0
+# The grace of a pod deleted to restart its replica (`delete_pods`): an
+# unhealthy or broken engine has nothing to drain.
+RESTART_GRACE_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -213,7 +216,7 @@ class Event:
 class Decision:
     apply: list[Manifest] = field(default_factory=list)
     delete_sets: list[SetFacts] = field(default_factory=list)
-    delete_pods: list[PodFacts] = field(default_factory=list)
+    delete_pods: list[PodFacts] = field(default_factory=list)  # restarts: RESTART_GRACE_SECONDS
     force_delete: list[PodFacts] = field(default_factory=list)  # grace 0: their node is lost
     gates: list[Gate] = field(default_factory=list)
     stamps: list[tuple[PodFacts, str]] = field(default_factory=list)

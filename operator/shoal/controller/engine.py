@@ -42,6 +42,9 @@ HF_HOME = mounts.HF_CACHE.path
 # vLLM answers /health only once the model is loaded; the startup probe's
 # budget (health.startupTimeoutSeconds) is spent in steps of this period.
 STARTUP_PROBE_PERIOD_SECONDS = 10
+# After its drain, how long a stopping engine has to tear down (free the GPUs,
+# end its workers) before kubelet kills it: kubelet's own default grace.
+ENGINE_TEARDOWN_SECONDS = 30
 
 
 def gpus_per_replica(spec: VLLMClusterSpec) -> int:
@@ -101,6 +104,8 @@ def engine_args(spec: VLLMClusterSpec) -> list[str]:
         args += ["--enable-prefix-caching", "--prefix-caching-hash-algo", "sha256_cbor"]
     else:
         args += ["--no-enable-prefix-caching"]
+    if engine.shutdown_timeout_seconds:
+        args += ["--shutdown-timeout", str(engine.shutdown_timeout_seconds)]
     source = spec.model.source
     # A downloaded directory is that revision already.
     rev = source.hf.revision if source is not None and source.hf is not None else None
@@ -283,6 +288,10 @@ def _pod_spec(ref: ClusterRef, spec: VLLMClusterSpec, *, index: int, role: str) 
         ),
         "containers": [container],
         "volumes": volumes,
+        # vLLM's drain (--shutdown-timeout), then its teardown within
+        # kubelet's default.
+        "terminationGracePeriodSeconds": spec.engine.shutdown_timeout_seconds
+        + ENGINE_TEARDOWN_SECONDS,
     }
     if not pod["nodeSelector"]:
         del pod["nodeSelector"]

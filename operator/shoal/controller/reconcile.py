@@ -27,6 +27,7 @@ from shoal.api.validation import SpecError, parse_cluster, validate_spec
 from shoal.controller.children import comparable
 from shoal.controller.context import ClusterState, LiveChildren, OperatorContext
 from shoal.controller.decide import (
+    RESTART_GRACE_SECONDS,
     Decision,
     Desired,
     Event,
@@ -630,7 +631,11 @@ async def _act(
             "force-deleted pod on lost node %s", pod.node
         )
     for pod in decision.delete_pods:
-        await ctx.kube.delete("v1", "Pod", ref.namespace, pod.name, uid=pod.uid)
+        # A restart: the replica is broken or unhealthy, so what it runs
+        # cannot drain (a hung engine would hold its whole shutdownTimeout).
+        await ctx.kube.delete(
+            "v1", "Pod", ref.namespace, pod.name, uid=pod.uid, grace_seconds=RESTART_GRACE_SECONDS
+        )
         cluster_logger(ref.namespace, ref.name, replica=pod.replica, pod=pod.name).info(
             "deleted pod"
         )
