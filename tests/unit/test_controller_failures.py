@@ -133,6 +133,20 @@ def test_an_engine_that_restarted_once_and_serves_again_is_not_degraded() -> Non
     assert entry["state"] != ReplicaState.CRASH_LOOPING and entry["containerRestarts"] == 4
 
 
+def test_an_engine_running_again_after_a_failed_run_is_crash_looping_until_ready() -> None:
+    # A real kubelet's next try runs (vLLM loads its model for minutes) before
+    # it fails again: status said Starting and Degraded AsExpected meanwhile,
+    # and turned Degraded again at each exit (seen on the testbed's real node).
+    trying = {**crash_looping(), "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}
+    trying["started"] = False  # its startup probe has not passed
+    status = build_status(inputs(fleet_with(trying)))
+    assert conditions(status)["Degraded"]["reason"] == "EngineCrashLooping"
+    assert status["replicaStatuses"][0]["state"] == ReplicaState.CRASH_LOOPING
+    # Up again (its startup probe passed): a readiness probe failing later is no crash.
+    flapping = build_status(inputs(fleet_with({**trying, "started": True})))
+    assert conditions(flapping)["Degraded"]["status"] == "False"
+
+
 def test_containers_are_read_from_the_pods_status() -> None:
     pod = {
         "metadata": {
@@ -174,7 +188,10 @@ def test_a_bound_pod_is_not_unschedulable_whatever_a_stale_condition_says() -> N
 
 
 def test_a_warning_event_is_posted_when_degraded_turns_true_and_not_again() -> None:
-    healthy = build_status(inputs(fleet_with({**crash_looping(), "state": {"running": {}}})))
+    recovered = fleet_with({**crash_looping(), "ready": True, "state": {"running": {}}})
+    pod = replace(recovered.replicas[0].pods[0], ready=True)
+    recovered.replicas[0].pods[0] = pod
+    healthy = build_status(inputs(recovered))
     broken = build_status(inputs(fleet_with(crash_looping()), previous=healthy))
     event = degraded_event(healthy, broken)
     assert event is not None and event.type is EventType.WARNING
@@ -184,6 +201,9 @@ def test_a_warning_event_is_posted_when_degraded_turns_true_and_not_again() -> N
 
 
 def test_a_degraded_reason_the_decision_posts_itself_is_not_posted_twice() -> None:
-    healthy = build_status(inputs(fleet_with({**crash_looping(), "state": {"running": {}}})))
+    recovered = fleet_with({**crash_looping(), "ready": True, "state": {"running": {}}})
+    pod = replace(recovered.replicas[0].pods[0], ready=True)
+    recovered.replicas[0].pods[0] = pod
+    healthy = build_status(inputs(recovered))
     broken = build_status(inputs(fleet_with(crash_looping()), previous=healthy))
     assert degraded_event(healthy, broken, told="EngineCrashLooping") is None

@@ -2,7 +2,7 @@
 reports of them (observe's ContainerFacts). Pure.
 
 - a container in CrashLoopBackOff, or whose last run failed and that is not
-  running again, is CrashLooping: "exits with code N" (or OOMKilled), the
+  running again past its startup probe, is CrashLooping: "exits with code N" (or OOMKilled), the
   last line of its termination message when there is one, a fix when that
   line names a known cause (401 from Hugging Face, an unknown flag, the KV
   cache smaller than maxModelLen, CUDA out of memory), and the pod to read

@@ -58,15 +58,17 @@ class ContainerFacts:
     exit_code: int | None = None  # of its last termination (or its final one)
     exit_reason: ExitReason | None = None
     exit_message: str | None = None  # the termination message (a log tail, if asked for)
+    started: bool = False  # kubelet's `started`: running, and past its startup probe
 
     @property
     def crashed(self) -> bool:
-        """Its last run ended in failure, and it is not running again."""
-        return (
-            not self.running
-            and self.exit_reason is not None
-            and self.exit_reason is not ExitReason.COMPLETED
-        ) or self.waiting is Waiting.CRASH_LOOP
+        """Its last run ended in failure, and it is not running again past its
+        startup probe: it waits, or its next try (which a failing engine spends
+        loading, minutes on a real kubelet) has not come up yet."""
+        failed = self.exit_reason is not None and self.exit_reason is not ExitReason.COMPLETED
+        return (failed and not (self.running and self.started)) or (
+            self.waiting is Waiting.CRASH_LOOP
+        )
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,7 @@ def container_facts(status: Manifest) -> ContainerFacts:
         exit_code=int(code) if isinstance(code, int) else None,
         exit_reason=exit_reason,
         exit_message=ended.get("message") or None,
+        started=bool(status.get("started")),
     )
 
 
