@@ -224,7 +224,7 @@ class Router:
         if self.tracing is not None:
             self.tracing.shutdown()  # exports the spans still batched
 
-    async def drain(self, servers: Sequence[HttpServer] = ()) -> None:
+    async def drain(self, servers: Sequence[HttpServer]) -> None:
         """Stop being Ready and keeping connections alive, then let the requests
         in flight finish and the clients leave (at most drainSeconds): each
         answer closes its connection, and one idle for DRAIN_IDLE_SECONDS is
