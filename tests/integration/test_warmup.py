@@ -18,7 +18,7 @@ from shoal.engine.metrics import parse
 from shoal.warmup.prompts import Prompt
 from shoal.warmup.runner import WarmupResult, warm
 from shoal.warmup.verify import Verdict
-from tests.integration.procs import MODEL, engine_metric, free_port, router, sims
+from tests.integration.procs import MODEL, engine_metric, free_port, router, set_fault, sims
 
 SYSTEM = "You are the assistant of the shoal fleet; answer from the manual. "
 
@@ -41,6 +41,20 @@ def test_a_cold_engine_is_warmed_and_verified(tmp_path: Path) -> None:
         assert result.hit_ratio is not None and result.hit_ratio >= 0.9
         assert result.prompts_sent >= 6
         assert engine_metric(urls[0], "vllm:prefix_cache_hits_total") > 0
+
+
+def test_an_engine_briefly_unreachable_is_warmed_once_it_answers(tmp_path: Path) -> None:
+    # One connection error gave the verdict Unreachable at once, and the
+    # operator admitted the cold engine (seen in the e2e tier: a stopping
+    # process at the address of the pod that replaced it).
+    with sims(1, tmp_path) as urls:
+        set_fault(urls[0], refuse_seconds=1.5)
+        result = asyncio.run(warmed(urls[0], _prompts(6, 8), min_hit_ratio=0.9, timeout_seconds=30))
+        assert result.verdict is Verdict.WARM, result.message
+    # Never answering: Unreachable at the deadline, saying why.
+    result = asyncio.run(warmed("http://127.0.0.1:9", _prompts(2, 8), timeout_seconds=2))
+    assert result.verdict is Verdict.UNREACHABLE, result.message
+    assert "deadline of 2s passed; the engine last failed" in result.message, result.message
 
 
 def test_a_prompt_the_engine_refuses_is_skipped_not_the_warm_up(tmp_path: Path) -> None:

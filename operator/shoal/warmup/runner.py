@@ -22,6 +22,9 @@ from shoal.engine.metrics import Metric
 from shoal.warmup.prompts import Prompt
 from shoal.warmup.verify import Verdict, expected_hits, hit_ratio, replay_sample
 
+# Between rounds that could not reach the engine (all within the deadline).
+RETRY_SECONDS = 0.5
+
 
 @dataclass(frozen=True)
 class WarmupResult:
@@ -104,14 +107,15 @@ async def warm(
             detail = f"{detail}; {refused}" if detail else refused
         return WarmupResult(verdict, sent, ratio, time.monotonic() - started, rounds, detail)
 
+    failing: str | None = None  # why the last round could not finish
     try:
         async with asyncio.timeout(timeout_seconds):
-            model = model or await _served_model(engine, endpoint, request_timeout_seconds)
             limit = asyncio.Semaphore(concurrency)
 
             async def send(prompt: Prompt) -> int | None:
                 nonlocal sent
                 async with limit:
+                    assert model is not None
                     try:
                         tokens = await _send(
                             engine,
@@ -129,8 +133,20 @@ async def warm(
 
             while True:
                 rounds += 1
-                tokens = await asyncio.gather(*(send(p) for p in prompts))
-                hits_before, block_size = await _metrics(engine, endpoint, request_timeout_seconds)
+                try:
+                    model = model or await _served_model(engine, endpoint, request_timeout_seconds)
+                    tokens = await asyncio.gather(*(send(p) for p in prompts))
+                    hits_before, block_size = await _metrics(
+                        engine, endpoint, request_timeout_seconds
+                    )
+                except EngineError as error:
+                    # No answer, or a failing one: the engine restarting, or a
+                    # stopping process still at its address. Again until the
+                    # deadline (one error admitted a cold engine at once).
+                    failing = str(error) or type(error).__name__
+                    await asyncio.sleep(RETRY_SECONDS)
+                    continue
+                failing = None
                 if block_size is None:
                     return result(Verdict.UNREACHABLE, f"no {Metric.CACHE_CONFIG} block size")
                 accepted = [i for i, t in enumerate(tokens) if t is not None]
@@ -150,7 +166,9 @@ async def warm(
                 if ratio is not None and ratio >= min_hit_ratio:
                     return result(Verdict.WARM)
     except TimeoutError:
-        verdict = Verdict.TIMEOUT if ratio is None else Verdict.NOT_WARM
-        return result(verdict, f"deadline of {timeout_seconds:.0f}s passed")
-    except EngineError as error:
+        why = f"deadline of {timeout_seconds:.0f}s passed"
+        if failing is not None:
+            return result(Verdict.UNREACHABLE, f"{why}; the engine last failed: {failing}")
+        return result(Verdict.TIMEOUT if ratio is None else Verdict.NOT_WARM, why)
+    except EngineError as error:  # in a replay: the round's own engine calls answered
         return result(Verdict.UNREACHABLE, str(error) or type(error).__name__)
