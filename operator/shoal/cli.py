@@ -39,6 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "crd": ("shoal.api.cli", "write the VLLMCluster CRD from the API models"),
     "bench": ("shoal.bench.cli", "seeded workloads against an OpenAI URL (needs shoal[bench])"),
     "check": ("shoal.check", "what `helm test` runs: operator up, API served"),
+    "release": (
+        "shoal.release",
+        "what `helm uninstall` runs: VLLMClusters freed of shoal's finalizer",
+    ),
 }
 
 

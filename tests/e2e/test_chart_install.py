@@ -19,8 +19,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from shoal.controller.names import FINALIZER
 from shoal_testbed.cluster import REPO, Testbed, bin_dir
-from tests.e2e.kube import wait_for
+from tests.e2e.kube import get_json, wait_for
 from tests.e2e.operator_env import (
     cluster_manifest,
     complete,
@@ -98,8 +99,11 @@ def namespaces(testbed: Testbed) -> Iterator[tuple[str, str]]:
             testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
-def chart_rules(bed: Testbed, system: str, apps: str) -> set[tuple[str, str, str, str]]:
-    """(apiGroup, resource, subresource, verb) the chart grants the operator."""
+def chart_rules(
+    bed: Testbed, system: str, apps: str, *, hook: bool = False
+) -> set[tuple[str, str, str, str]]:
+    """(apiGroup, resource, subresource, verb) the chart grants the operator, or
+    with `hook` its uninstall Job."""
     out = subprocess.run(
         [
             str(bin_dir() / "helm"),
@@ -119,6 +123,8 @@ def chart_rules(bed: Testbed, system: str, apps: str) -> set[tuple[str, str, str
     granted = set()
     for doc in yaml.safe_load_all(out):
         if not doc or doc["kind"] not in ("Role", "ClusterRole"):
+            continue
+        if ("helm.sh/hook" in doc["metadata"].get("annotations", {})) != hook:
             continue
         for rule in doc["rules"]:
             for group in rule["apiGroups"]:
@@ -226,8 +232,17 @@ def test_helm_install_upgrade_test_uninstall_and_least_privilege(
     testbed.kubectl("scale", "vlc/fleet", "--replicas=1", "-n", apps)
     wait_ready(testbed, apps, "fleet", 1, timeout=180)
 
-    delete_clusters(testbed, apps)
+    # Uninstalled with the fleet still there: it keeps serving, unmanaged, and
+    # can be deleted later without an operator to remove shoal's finalizer.
     helm(testbed, "uninstall", "shoal", "-n", system, "--wait")
+    fleet = get_json(testbed, "vllmcluster", "fleet", "-n", apps)
+    assert FINALIZER not in fleet["metadata"].get("finalizers", []), fleet["metadata"]
+    assert complete(router_url(testbed, apps, "fleet"), "still serving").status_code == 200
+    testbed.kubectl("delete", "vllmcluster", "fleet", "-n", apps, "--timeout=30s")
+    wait_for(
+        lambda: not testbed.kubectl("get", "statefulsets", "-n", apps, "-o", "name"),
+        what="the fleet's StatefulSets collected with their VLLMCluster",
+    )
     left = testbed.kubectl("get", "deploy,sa,role,rolebinding", "-n", system, "-o", "name")
     assert "shoal" not in left.replace("serviceaccount/default", ""), left
     cluster_left = testbed.kubectl("get", "clusterrole,clusterrolebinding", "-o", "name")
@@ -241,3 +256,10 @@ def test_helm_install_upgrade_test_uninstall_and_least_privilege(
     assert used <= granted, f"used but not granted: {sorted(used - granted)}"
     unused = granted - used - set(RARELY_USED)
     assert not unused, f"granted but never used (remove them or say why): {sorted(unused)}"
+    # And the uninstall Job's: no more than it used; `get` only when a
+    # cluster's finalizers change under its patch.
+    used, refused = audit_use(testbed, f"system:serviceaccount:{system}:shoal-release")
+    assert used and not refused, refused
+    granted = chart_rules(testbed, system, apps, hook=True)
+    unused = granted - used - {("serving.shoal.dev", "vllmclusters", "", "get")}
+    assert used <= granted and not unused, (used, granted)
