@@ -4,7 +4,7 @@ messages kept within the limit at both ends."""
 
 from __future__ import annotations
 
-from shoal.controller.decide import Event, EventType
+from shoal.controller.decide import Event, EventReason, EventType
 from shoal.controller.events import MAX_MESSAGE, children_made, event_manifest, shortened
 from shoal.controller.identity import ClusterRef
 
@@ -12,7 +12,7 @@ REF = ClusterRef(name="fleet", namespace="apps", uid="1234")
 
 
 def test_an_event_names_the_cluster_it_is_about_and_who_said_it() -> None:
-    event = Event(EventType.NORMAL, "ReplicaCreated", "creating replica 1", replica=1)
+    event = Event(EventType.NORMAL, EventReason.REPLICA_CREATED, "creating replica 1", replica=1)
     manifest = event_manifest(REF, event, now="2026-12-01T16:00:00Z", instance="host-a")
     assert manifest["apiVersion"] == "v1" and manifest["kind"] == "Event"
     assert manifest["metadata"] == {"generateName": "shoal-", "namespace": "apps"}

@@ -7,9 +7,17 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from shoal.api.status import VLLMClusterStatus
+from shoal.api.status import ConditionReason, VLLMClusterStatus
 from shoal.api.validation import validate_spec
-from shoal.controller.decide import Decision, Event, EventType, Memory, Probes
+from shoal.controller.decide import (
+    Decision,
+    Event,
+    EventReason,
+    EventType,
+    GateReason,
+    Memory,
+    Probes,
+)
 from shoal.controller.observe import Observed, ReplicaFacts, RouterFacts
 from shoal.controller.status import Refusal, StatusInputs, build_status, refusal_event, status_patch
 from shoal.engine.metrics import KVPool
@@ -151,9 +159,9 @@ def test_operator_metrics_count_events_by_reason_and_still_post_them() -> None:
     metrics = OperatorMetrics()
     post = metrics.counting(lambda _body, event: posted.append(event))
     body = {"metadata": {"namespace": "team", "name": "c"}}
-    post(body, Event(EventType.NORMAL, "ReplicaRestarted", "hung"))
-    post(body, Event(EventType.NORMAL, "ReplicaRestarted", "hung again"))
-    post(body, Event(EventType.WARNING, "WarmupTimedOut", "admitted"))
+    post(body, Event(EventType.NORMAL, EventReason.REPLICA_RESTARTED, "hung"))
+    post(body, Event(EventType.NORMAL, EventReason.REPLICA_RESTARTED, "hung again"))
+    post(body, Event(EventType.WARNING, GateReason.WARMUP_TIMED_OUT, "admitted"))
     text = generate_latest(metrics.registry).decode()
     cluster = 'namespace="team",reason="{}",type="{}",vllmcluster="c"'
     assert (
@@ -193,7 +201,7 @@ def test_a_child_write_refused_for_another_reason_is_degraded_reconcile_failed()
     assert (found["Degraded"]["status"], found["Degraded"]["reason"]) == ("True", "ReconcileFailed")
     assert found["SpecValid"]["status"] == "True"
     assert refusal_event((refused,)) == Event(
-        EventType.WARNING, "ReconcileFailed", "Service c-router: forbidden"
+        EventType.WARNING, ConditionReason.RECONCILE_FAILED, "Service c-router: forbidden"
     )
 
 

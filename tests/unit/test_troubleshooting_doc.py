@@ -1,6 +1,7 @@
 """docs/troubleshooting.md explains every reason a VLLMCluster's conditions
-can carry, and names no reason the operator no longer gives: a user reads a
-reason in `kubectl describe vlc` and looks it up there."""
+can carry and every Event reason of the fleet's story, and names no reason the
+operator no longer gives: a user reads a reason in `kubectl describe vlc` and
+looks it up there."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 from pathlib import Path
 
 from shoal.api.status import ConditionReason, ConditionType
+from shoal.controller.decide import EventReason, GateReason
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
 _WORD = re.compile(r"`([A-Z][A-Za-z]+)`")
@@ -71,3 +73,12 @@ def test_the_reasons_table_names_condition_reasons_the_operator_gives() -> None:
     }
     missing = {str(r) for r in ConditionReason if r not in quiet} - on_conditions
     assert not missing, f"reasons that ask for action without a row: {sorted(missing)}"
+
+
+def test_every_event_reason_of_the_fleets_story_is_named() -> None:
+    named = set(_WORD.findall(DOC.read_text()))
+    story = {str(r) for r in EventReason}
+    assert not story - named, f"Event reasons the doc does not name: {sorted(story - named)}"
+    listed = set(_WORD.findall(_section("Events the operator posts on purpose")))
+    unknown = listed - story - {str(r) for r in ConditionReason} - {str(r) for r in GateReason}
+    assert not unknown, f"Events listed that the operator never posts: {sorted(unknown)}"

@@ -164,9 +164,9 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
         state.set_to = (decision.desired, generation + 1)
         scaled_at = now_text()
         cluster_logger(ref.namespace, ref.name).info("%s: %s", decision.reason, decision.message)
-        ctx.post_event(body, Event(EventType.NORMAL, str(decision.reason), decision.message))
+        ctx.post_event(body, Event(EventType.NORMAL, decision.reason, decision.message))
     elif other is not None and (state.written or {}).get("stoodAsideFor") != other:
-        ctx.post_event(body, Event(EventType.NORMAL, str(decision.reason), decision.message))
+        ctx.post_event(body, Event(EventType.NORMAL, decision.reason, decision.message))
     # Through the status model: its field names are the CRD's (others are pruned).
     written = AutoscalingStatus(
         desired_replicas=decision.desired,

@@ -202,10 +202,29 @@ class EventType(StrEnum):
     WARNING = "Warning"
 
 
+class EventReason(StrEnum):
+    """Reasons of Events that tell the fleet's story (docs/troubleshooting.md
+    names each). Other Events carry a condition's, a gate's or the
+    autoscaler's reason."""
+
+    CHILD_RESTORED = "ChildRestored"
+    DRIFT_REVERTED = "DriftReverted"
+    REPLICA_CREATED = "ReplicaCreated"
+    REPLICA_REMOVED = "ReplicaRemoved"
+    REPLICA_REPLACING = "ReplicaReplacing"
+    REPLICA_DRAINING = "ReplicaDraining"
+    REPLICA_ADMITTED = "ReplicaAdmitted"
+    REPLICA_RESTARTED = "ReplicaRestarted"
+    GROUP_RESTARTED = "GroupRestarted"
+    NODE_LOST = "NodeLost"
+
+
 @dataclass(frozen=True)
 class Event:
     type: EventType
-    reason: str
+    # A StrEnum of its own kind: EventReason, ConditionReason, GateReason or the
+    # autoscaler's ScaleReason.
+    reason: StrEnum
     message: str
     _: KW_ONLY
     replica: int | None = None
@@ -524,7 +543,7 @@ def heal(
         part.events.append(
             Event(
                 EventType.WARNING,
-                "ReplicaRestarted",
+                EventReason.REPLICA_RESTARTED,
                 f"restarting every pod of replica {index}: {why}",
                 replica=index,
                 pod=leader.name,
@@ -587,7 +606,7 @@ def lose_nodes(observed: Observed, nodes: NotReadyNodes, *, loss_seconds: float)
             part.events.append(
                 Event(
                     EventType.WARNING,
-                    "NodeLost",
+                    EventReason.NODE_LOST,
                     f"force-deleting pod {pod.name} of replica {index}: node {pod.node} has "
                     f"been NotReady for {lost_for:.0f}s",
                     replica=index,
@@ -630,7 +649,7 @@ def _drain(
         part.events.append(
             Event(
                 EventType.NORMAL,
-                "ReplicaDraining",
+                EventReason.REPLICA_DRAINING,
                 f"draining replica {index} before removing it",
                 replica=index,
             )
@@ -667,7 +686,12 @@ def _drain(
             return part, started
     part.delete_sets += replica.sets
     part.events.append(
-        Event(EventType.NORMAL, "ReplicaRemoved", f"removing replica {index}: {why}", replica=index)
+        Event(
+            EventType.NORMAL,
+            EventReason.REPLICA_REMOVED,
+            f"removing replica {index}: {why}",
+            replica=index,
+        )
     )
     return part, None
 
@@ -705,7 +729,7 @@ def _restart_broken_groups(observed: Observed, *, indices: set[int], nodes: int)
         part.events.append(
             Event(
                 EventType.WARNING,
-                "GroupRestarted",
+                EventReason.GROUP_RESTARTED,
                 f"restarting every pod of replica {index}: {why}, and vLLM ranks cannot "
                 "rejoin a running group",
                 replica=index,
@@ -722,7 +746,12 @@ def _create_missing(desired: Desired, missing: set[int]) -> Decision:
         if desired.rollout is not None:
             part.marks[_name(objects.leader)] = created(desired.rollout)
         part.events.append(
-            Event(EventType.NORMAL, "ReplicaCreated", f"creating replica {index}", replica=index)
+            Event(
+                EventType.NORMAL,
+                EventReason.REPLICA_CREATED,
+                f"creating replica {index}",
+                replica=index,
+            )
         )
     return part
 
@@ -784,7 +813,7 @@ def _roll_out(
             part.events.append(
                 Event(
                     EventType.NORMAL,
-                    "ReplicaReplacing",
+                    EventReason.REPLICA_REPLACING,
                     f"replacing replica {index} (spec changed)",
                     replica=index,
                 )
@@ -846,7 +875,7 @@ def _judge_replacements(
             verdict.message,
         )
         part.events.append(
-            Event(EventType.WARNING, str(part.stall.state), verdict.message, replica=index)
+            Event(EventType.WARNING, part.stall.state, verdict.message, replica=index)
         )
         if verdict.roll_back and fallback is not None:
             part.replacing.add(index)
@@ -912,7 +941,7 @@ def _admit(
         part.events.append(
             Event(
                 EventType.NORMAL,
-                "ReplicaAdmitted",
+                EventReason.REPLICA_ADMITTED,
                 f"replica {index} takes traffic: {message}",
                 replica=index,
                 pod=leader.name,
@@ -935,7 +964,7 @@ def warmup_gate(
         message = f"warm-up: {outcome.message}"
         event = Event(
             EventType.NORMAL,
-            "ReplicaAdmitted",
+            EventReason.REPLICA_ADMITTED,
             f"replica {index} takes traffic: {message}",
             replica=index,
             pod=leader.name,
@@ -946,7 +975,7 @@ def warmup_gate(
         message = f"{what}; admitted anyway (onTimeout: {OnTimeout.ADMIT})"
         event = Event(
             EventType.WARNING,
-            "WarmupTimedOut",
+            GateReason.WARMUP_TIMED_OUT,
             f"replica {index}: {message}",
             replica=index,
             pod=leader.name,
@@ -958,7 +987,7 @@ def warmup_gate(
     message = f"{what}; held out of rotation (onTimeout: {OnTimeout.HOLD})"
     event = Event(
         EventType.WARNING,
-        "WarmupHeld",
+        GateReason.WARMUP_HELD,
         f"replica {index}: {message}",
         replica=index,
         pod=leader.name,

@@ -24,7 +24,7 @@ import httpx
 import kopf
 
 from shoal.api import GROUP, PLURAL, VERSION
-from shoal.api.status import ConditionStatus
+from shoal.api.status import ConditionReason, ConditionStatus
 from shoal.controller.autoscaler import PERIOD_SECONDS as AUTOSCALE_SECONDS
 from shoal.controller.autoscaler import AutoscalerState, autoscale
 from shoal.controller.children import STORED_KINDS, cluster_of
@@ -128,7 +128,9 @@ async def cluster_daemon(
                         if foreseen
                         else f"internal error ({failure}); the operator's log has its traceback"
                     )
-                    ctx.post_event(body, Event(EventType.WARNING, "ReconcileFailed", message))
+                    ctx.post_event(
+                        body, Event(EventType.WARNING, ConditionReason.RECONCILE_FAILED, message)
+                    )
                 state.last_failure = failure
                 delay, backoff = backoff, min(backoff * 2, MAX_BACKOFF_SECONDS)
             finally:

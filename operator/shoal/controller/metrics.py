@@ -23,7 +23,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from shoal.controller.decide import Event, EventType
+from shoal.controller.decide import Event, EventReason, EventType, GateReason
 
 PostEvent = Callable[[Any, Event], None]  # in the background
 ClusterKey = tuple[str, str]  # (namespace, name)
@@ -43,9 +43,9 @@ _STATUS_COUNTS = {ReplicaCount.READY: "readyReplicas", ReplicaCount.WARM: "warmR
 # 0 from a cluster's first pass, else the first Event makes a series with no
 # earlier sample, which increase() never sees (and a panel shows no data).
 COUNTED_FROM_ZERO = (
-    (EventType.WARNING, "ReplicaRestarted"),
-    (EventType.WARNING, "WarmupTimedOut"),
-    (EventType.WARNING, "NodeLost"),
+    (EventType.WARNING, EventReason.REPLICA_RESTARTED),
+    (EventType.WARNING, GateReason.WARMUP_TIMED_OUT),
+    (EventType.WARNING, EventReason.NODE_LOST),
 )
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from shoal.api import API_VERSION, KIND
 from shoal.api.cache import DownloadState
 from shoal.api.spec import VLLMClusterSpec
-from shoal.api.status import ConditionStatus
+from shoal.api.status import ConditionReason, ConditionStatus
 from shoal.api.validation import SpecError, parse_cluster, validate_spec
 from shoal.controller.children import comparable
 from shoal.controller.context import ClusterState, LiveChildren, OperatorContext
@@ -31,6 +31,7 @@ from shoal.controller.decide import (
     Decision,
     Desired,
     Event,
+    EventReason,
     EventType,
     HealPolicy,
     NotReadyNodes,
@@ -517,7 +518,9 @@ async def _apply_static(
         if found is None:
             if made:
                 event = Event(
-                    EventType.WARNING, "ChildRestored", f"{key} was deleted; making it again"
+                    EventType.WARNING,
+                    EventReason.CHILD_RESTORED,
+                    f"{key} was deleted; making it again",
                 )
         elif _recorded_hash(found) != manifest_hash(manifest):
             pass  # the spec changed: a plain update
@@ -542,7 +545,7 @@ def _drift_event(key: str, changed: list[str]) -> Event:
     fields = ", ".join(changed[:5]) + (", ..." if len(changed) > 5 else "")
     return Event(
         EventType.WARNING,
-        "DriftReverted",
+        EventReason.DRIFT_REVERTED,
         f"{key} was changed outside shoal ({fields}); restoring what the spec says",
     )
 
@@ -686,7 +689,9 @@ async def _report_spec(
     """An Event when the spec turns invalid (or its errors change)."""
     message = "; ".join(str(error) for error in errors) or None
     if message is not None and message != state.last_error:
-        event = Event(EventType.WARNING, "InvalidSpec", f"{message}; nothing was changed")
+        event = Event(
+            EventType.WARNING, ConditionReason.INVALID_SPEC, f"{message}; nothing was changed"
+        )
         meta = body["metadata"]
         cluster_logger(meta["namespace"], meta["name"]).warning("InvalidSpec: %s", message)
         await ctx.record_event(body, event)

@@ -474,7 +474,8 @@ def degraded_event(
         return None
     if before.get("status") == ConditionStatus.TRUE and before.get("reason") == now.get("reason"):
         return None
-    return Event(EventType.WARNING, str(now.get("reason")), str(now.get("message")))
+    # `status` is this pass's, so its reason is one of ConditionReason's.
+    return Event(EventType.WARNING, ConditionReason(now["reason"]), str(now.get("message")))
 
 
 # Status fields another writer owns (the autoscaler's): never compared, nulled or written here.
