@@ -35,18 +35,10 @@ pytestmark = pytest.mark.e2e
 CHART = REPO / "charts" / "shoal"
 # Granted on purpose though a short e2e run may not exercise them, each with why.
 CACHE = "only with spec.model.cache.shared (tests/e2e/test_model_cache.py)"
-RESTARTED = "only when the watches are slower than a restarted operator's first pass"
 RARELY_USED = {
     ("", "pods", "", "get"): "the routers' Role grants it, and RBAC grants only what one holds",
     ("", "pods", "", "delete"): "group restarts, health restarts and lost nodes",
     ("apps", "statefulsets", "", "delete"): "scale-down removes a replica's StatefulSets",
-    ("", "configmaps", "", "get"): "warm-up prompts from a ConfigMap the user names",
-    # A restarted operator's first pass reads a child its watches have not delivered yet.
-    ("", "services", "", "get"): RESTARTED,
-    ("", "serviceaccounts", "", "get"): RESTARTED,
-    ("policy", "poddisruptionbudgets", "", "get"): RESTARTED,
-    ("rbac.authorization.k8s.io", "roles", "", "get"): RESTARTED,
-    ("rbac.authorization.k8s.io", "rolebindings", "", "get"): RESTARTED,
     ("", "secrets", "", "get"): "only with spec.engine.apiKeySecret (test_engine_api_key.py)",
     ("serving.shoal.dev", "vllmclusters", "scale", "patch"): "only with spec.autoscaling",
     ("autoscaling", "horizontalpodautoscalers", "", "list"): "only with spec.autoscaling",

@@ -65,7 +65,7 @@ def test_release_waits_for_the_operators_pods_and_removes_only_shoals_finalizer(
     with namespace(testbed, PATTERN) as ns:
         try:
             with operator(testbed, tmp_path / "operator.log", namespaces=[ns]):
-                apply(testbed, ns, cluster_manifest("fleet", replicas=1, tensor=1))
+                apply(testbed, ns, cluster_manifest("fleet", replicas=1))
                 wait_for(lambda: FINALIZER in finalizers(testbed, ns), what="shoal's finalizer")
             # Another controller's finalizer first: shoal's is not at index 0.
             add = [{"op": "add", "path": "/metadata/finalizers/0", "value": OTHER}]

@@ -205,6 +205,26 @@ def test_a_child_write_refused_for_another_reason_is_degraded_reconcile_failed()
     )
 
 
+def test_a_name_held_by_another_object_is_name_taken_before_other_refusals() -> None:
+    taken = Refusal("ConfigMap c-router", 409, "exists and is not this VLLMCluster's", taken=True)
+    invalid = Refusal("StatefulSet c-r0", 422, "env[1].name: Required value")
+    both = (invalid, taken)
+    found = conditions(build_status(inputs(two_serving(), refused=both)))
+    assert (found["SpecValid"]["status"], found["SpecValid"]["reason"]) == ("False", "NameTaken")
+    assert (
+        found["SpecValid"]["message"] == "ConfigMap c-router: exists and is not this VLLMCluster's"
+    )
+    progressing = found["Progressing"]
+    assert (progressing["status"], progressing["reason"]) == ("False", "NameTaken")
+    assert progressing["message"].startswith(
+        "names held by other objects: ConfigMap c-router; "
+        "the API server refused StatefulSet c-r0 (see SpecValid)"
+    )
+    assert found["Degraded"]["status"] == "False"  # the spec's to fix, not a failure
+    event = refusal_event(both)
+    assert event is not None and event.reason == "NameTaken"
+
+
 def test_an_invalid_spec_with_nothing_running_says_so_in_ready_not_that_replicas_are_0() -> None:
     # A cluster refused by the operator from the start (the API server admitted
     # it under an older CRD): nothing runs, and spec.replicas is 2, not 0.

@@ -94,6 +94,7 @@ class ConditionReason(StrEnum):
     VALID = "Valid"
     INVALID_SPEC = "InvalidSpec"
     CHILD_REFUSED = "ChildRefused"
+    NAME_TAKEN = "NameTaken"
 
 
 # metav1.Condition's reason: CamelCase, as apimachinery validates it.

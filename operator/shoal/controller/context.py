@@ -72,6 +72,9 @@ class ClusterState:
     kv_pools: dict[str, KVPool] = field(default_factory=dict)  # by leader pod uid
     last_status: dict[str, Any] | None = None
     static_applied: set[str] = field(default_factory=set)  # kind/name made by this process
+    # kind/name this process found free or the cluster's own before writing it
+    # (reconcile._apply): never someone else's object taken over.
+    ours: set[str] = field(default_factory=set)
     drift_reported: dict[str, list[str]] = field(default_factory=dict)  # kind/name -> fields
     last_error: str | None = None  # the spec's errors, last reported
     last_failure: str | None = None  # the last failed pass or refused writes, last reported

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shoal.api import API_VERSION, KIND
+from shoal.controller.names import LABEL_CLUSTER
 
 Manifest = dict[str, Any]
 
@@ -62,3 +63,11 @@ def owned_by(obj: Manifest, owner_uid: str) -> bool:
         isinstance(ref, dict) and ref.get("uid") == owner_uid and ref.get("controller")
         for ref in refs
     )
+
+
+def of_cluster(obj: Manifest, ref: ClusterRef) -> bool:
+    """Whether obj is the cluster's own: it has the cluster's controller
+    reference, or the cluster's label (shoal made it, perhaps for an earlier
+    cluster of that name whose children were kept with --cascade=orphan)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return labels.get(LABEL_CLUSTER) == ref.name or owned_by(obj, ref.uid)

@@ -52,7 +52,7 @@ from shoal.controller.downloads import PROGRESS_SECONDS, prepare_model
 from shoal.controller.engine import nodes_per_replica, served_model_name
 from shoal.controller.events import children_made
 from shoal.controller.healthloop import Target
-from shoal.controller.identity import ClusterRef, Manifest
+from shoal.controller.identity import ClusterRef, Manifest, of_cluster
 from shoal.controller.kube import ApiError
 from shoal.controller.logs import cluster_logger
 from shoal.controller.names import (
@@ -61,6 +61,7 @@ from shoal.controller.names import (
     ANNOTATION_REMOVAL_ORDER,
     ANNOTATION_SPEC_HASH,
     CONDITION_WARMED,
+    LABEL_CLUSTER,
     engine_selector,
     router_name,
     router_selector,
@@ -205,7 +206,7 @@ async def _reconcile(
             spec,
             image=ctx.settings.router_image,
             pull_secrets=ctx.settings.router_pull_secrets,
-            apply=lambda manifest: _apply(ctx, ref, manifest, refused),
+            apply=lambda manifest: _apply(ctx, ref, state, manifest, refused),
             engine=ctx.engine,
         )
         if download is not None and not download.complete:
@@ -470,6 +471,7 @@ async def _nodes_not_ready(
 async def _apply(
     ctx: OperatorContext,
     ref: ClusterRef,
+    state: ClusterState,
     manifest: Manifest,
     refused: list[Refusal],
     *,
@@ -477,16 +479,34 @@ async def _apply(
 ) -> bool:
     """Apply; a refusal is noted in refused (the pass goes on with the other
     children, and status and an Event say what was refused), not raised.
-    marks: a new leader StatefulSet's rollout marks."""
-    name = manifest["metadata"]["name"]
+    marks: a new leader StatefulSet's rollout marks.
+
+    The apply is forced (drift is put back), so before this process first
+    writes a name, it reads the object there: one that is not the cluster's
+    (a user's own `<cluster>-router` Service, say) is left alone and refused
+    as taken, not taken over, nor later deleted with the cluster."""
+    kind, name = manifest["kind"], manifest["metadata"]["name"]
     log = cluster_logger(ref.namespace, ref.name)
+    key = f"{kind}/{name}"
     try:
+        if key not in state.ours:
+            live = await ctx.kube.get(manifest["apiVersion"], kind, ref.namespace, name)
+            if live is not None and not of_cluster(live, ref):
+                why = (
+                    f"exists and is not this VLLMCluster's (no {LABEL_CLUSTER}={ref.name} label, "
+                    "no owner reference to it), so shoal leaves it alone: rename the "
+                    f"VLLMCluster, or rename or delete that {kind}"
+                )
+                refused.append(Refusal(f"{kind} {name}", 409, why, taken=True))
+                log.warning("%s %s is not this cluster's: left alone", kind, name)
+                return False
         await ctx.kube.apply(stamped(manifest, marks))
     except ApiError as error:
-        refused.append(Refusal(f"{manifest['kind']} {name}", error.status, error.message))
-        log.warning("the API server refused %s %s: %s", manifest["kind"], name, error)
+        refused.append(Refusal(f"{kind} {name}", error.status, error.message))
+        log.warning("the API server refused %s %s: %s", kind, name, error)
         return False
-    log.info("applied %s %s", manifest["kind"], name)
+    state.ours.add(key)
+    log.info("applied %s %s", kind, name)
     return True
 
 
@@ -530,7 +550,7 @@ async def _apply_static(
             continue
         if event is not None:
             await _announce(ctx, body, ref, event)
-        if not await _apply(ctx, ref, manifest, refused):
+        if not await _apply(ctx, ref, state, manifest, refused):
             continue
         state.static_applied.add(key)
 
@@ -588,7 +608,7 @@ async def _act(
             marked.add(name)
             if not await _mark(ctx, ref, name, marks, refused):
                 continue
-        await _apply(ctx, ref, manifest, refused, marks=marks if name not in sets else None)
+        await _apply(ctx, ref, state, manifest, refused, marks=marks if name not in sets else None)
         if marks is not None:
             marked.add(name)
     for name, marks in decision.marks.items():
@@ -599,7 +619,7 @@ async def _act(
             router = observed.router
             key = f"{manifest['kind']}/{manifest['metadata']['name']}"
             if router is None or router.spec_hash != manifest_hash(manifest) or key in changed:
-                await _apply(ctx, ref, manifest, refused)
+                await _apply(ctx, ref, state, manifest, refused)
     # Out of rotation first (a restart stops traffic before its pods go).
     for gate in decision.gates:
         condition = {

@@ -5,7 +5,7 @@ so the reconciler writes status only when this result differs from the last."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,16 +39,19 @@ Found = tuple[bool, ConditionReason, str]
 
 @dataclass(frozen=True)
 class Refusal:
-    """A child write the API server refused, as it said."""
+    """A child write the API server refused, as it said; or one shoal did not
+    make because the name is someone else's object (`taken`)."""
 
     child: str  # kind name
     code: int  # HTTP status
     message: str
+    taken: bool = False
 
     @property
     def invalid(self) -> bool:
-        """The manifest itself was refused (a value the spec passed through)."""
-        return self.code in (400, 422)
+        """The spec is at fault: a value it passed through was refused, or its
+        name makes a child's that another object holds."""
+        return self.taken or self.code in (400, 422)
 
     def __str__(self) -> str:
         return f"{self.child}: {self.message}"
@@ -366,15 +369,18 @@ def _progressing(inputs: StatusInputs, *, wanted: int, replicas: list[ReplicaSta
         )
     if inputs.refused:
         reason = _refusal_reason(inputs.refused)
-        return (
-            False,
-            reason,
-            (
-                f"the API server refused {_refused_children(inputs.refused)} "
-                f"(see {'SpecValid' if reason is ConditionReason.CHILD_REFUSED else 'Degraded'}); "
-                "what runs is left as is"
-            ),
-        )
+        taken = [r for r in inputs.refused if r.taken]
+        refused = [r for r in inputs.refused if not r.taken]
+        said = [
+            f"{what} {_refused_children(these)}"
+            for what, these in (
+                ("names held by other objects:", taken),
+                ("the API server refused", refused),
+            )
+            if these
+        ]
+        see = "Degraded" if reason is ConditionReason.RECONCILE_FAILED else "SpecValid"
+        return False, reason, f"{'; '.join(said)} (see {see}); what runs is left as is"
     if (stall := inputs.decision.stall) is not None:
         return False, stall.state, stall.message
     states = {r.index: r.state for r in replicas}
@@ -428,20 +434,22 @@ def _degraded(inputs: StatusInputs) -> Found:
 def _spec_valid(inputs: StatusInputs) -> Found:
     if inputs.errors:
         return False, ConditionReason.INVALID_SPEC, "; ".join(str(error) for error in inputs.errors)
+    if taken := [r for r in inputs.refused if r.taken]:
+        return False, ConditionReason.NAME_TAKEN, "; ".join(str(r) for r in taken)
     if invalid := [r for r in inputs.refused if r.invalid]:
         return False, ConditionReason.CHILD_REFUSED, "; ".join(str(r) for r in invalid)
     return True, ConditionReason.VALID, "the spec is valid"
 
 
 def _refusal_reason(refused: tuple[Refusal, ...]) -> ConditionReason:
-    return (
-        ConditionReason.CHILD_REFUSED
-        if any(r.invalid for r in refused)
-        else ConditionReason.RECONCILE_FAILED
-    )
+    if any(r.taken for r in refused):
+        return ConditionReason.NAME_TAKEN
+    if any(r.invalid for r in refused):
+        return ConditionReason.CHILD_REFUSED
+    return ConditionReason.RECONCILE_FAILED
 
 
-def _refused_children(refused: tuple[Refusal, ...]) -> str:
+def _refused_children(refused: Sequence[Refusal]) -> str:
     return ", ".join(dict.fromkeys(r.child for r in refused))
 
 
