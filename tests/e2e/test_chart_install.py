@@ -40,6 +40,7 @@ RARELY_USED = {
     ("", "pods", "", "delete"): "group restarts, health restarts and lost nodes",
     ("apps", "statefulsets", "", "delete"): "scale-down removes a replica's StatefulSets",
     ("", "secrets", "", "get"): "only with spec.engine.apiKeySecret (test_engine_api_key.py)",
+    ("", "events", "", "list"): "only while a StatefulSet's pods are refused (Pod Security, quota)",
     ("serving.shoal.dev", "vllmclusters", "scale", "patch"): "only with spec.autoscaling",
     ("autoscaling", "horizontalpodautoscalers", "", "list"): "only with spec.autoscaling",
     ("keda.sh", "scaledobjects", "", "list"): "only with spec.autoscaling",

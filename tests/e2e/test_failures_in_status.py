@@ -126,3 +126,50 @@ def test_a_stale_unschedulable_condition_on_a_bound_pod_does_not_take_its_replic
     assert entry["state"] == "Serving", entry
     pod = get_json(testbed, "pod", "stale-r0-0", "-n", ns)
     assert condition_of(pod, "PodScheduled")["status"] == "False"  # still there
+
+
+def test_pods_the_namespace_refuses_say_why_and_routers_meet_the_restricted_standard(
+    testbed: Testbed, ns: str
+) -> None:
+    """A namespace that enforces the restricted Pod Security Standard. The
+    routers (shoal's own image) run as it requires. vLLM's images run as
+    root, so the engines' pods are refused at admission: the StatefulSet
+    exists and makes no pod. Status says so, with the API server's words
+    and the fields that fix it; set, the replica comes up."""
+    testbed.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
+    apply(testbed, ns, cluster_manifest("psa", replicas=1))
+    degraded = wait_for(
+        lambda: _degraded(testbed, ns, "psa", "PodsRefused"),
+        what="psa Degraded with PodsRefused",
+        timeout=60,
+    )
+    assert "StatefulSet psa-r0 cannot create its pods" in degraded["message"]
+    assert 'violates PodSecurity "restricted:latest"' in degraded["message"]
+    assert "spec.engine.pod.securityContext" in degraded["message"]
+    assert printed_columns(testbed, ns, "psa")["STATUS"] == "PodsRefused"
+    described = testbed.kubectl("describe", "vlc", "psa", "-n", ns)
+    assert "PodsRefused" in described and "cannot create its pods" in described
+    warnings = [e for e in events(testbed, ns, "psa") if e["type"] == "Warning"]
+    assert "PodsRefused" in [e["reason"] for e in warnings]
+    wait_for(
+        lambda: (
+            get_json(testbed, "deployment", "psa-router", "-n", ns)["status"].get(
+                "availableReplicas"
+            )
+            == 2
+        ),
+        what="both router pods admitted and available",
+    )
+
+    # What the message asks for (an image that runs as non-root is the user's).
+    restricted = {
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containerSecurityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    patch = json.dumps({"spec": {"engine": {"pod": restricted}}})
+    testbed.kubectl("patch", "vlc", "psa", "-n", ns, "--type=merge", "-p", patch)
+    wait_ready(testbed, ns, "psa", 1)
+    assert _degraded(testbed, ns, "psa", "PodsRefused") is None

@@ -10,7 +10,16 @@ from typing import Any
 
 from shoal.api.status import ReplicaState, VLLMClusterStatus
 from shoal.controller.decide import EventType
-from shoal.controller.observe import Observed, ReplicaFacts, RouterFacts, container_facts, pod_facts
+from shoal.controller.observe import (
+    Observed,
+    ReplicaFacts,
+    RouterFacts,
+    container_facts,
+    newest_message,
+    observe,
+    pod_facts,
+    set_facts,
+)
 from shoal.controller.status import build_status, degraded_event
 from tests.unit.test_controller_decide import pod_for, set_for
 from tests.unit.test_controller_status import conditions, inputs
@@ -207,3 +216,91 @@ def test_a_degraded_reason_the_decision_posts_itself_is_not_posted_twice() -> No
     healthy = build_status(inputs(recovered))
     broken = build_status(inputs(fleet_with(crash_looping()), previous=healthy))
     assert degraded_event(healthy, broken, told="EngineCrashLooping") is None
+
+
+PSA_WORDS = (
+    'pods "c-r0-0" is forbidden: violates PodSecurity "restricted:latest": '
+    "allowPrivilegeEscalation != false"
+)
+
+
+def statefulset(*, generation: int, observed: int, pods: int) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "c-r0",
+            "uid": "u0",
+            "generation": generation,
+            "labels": {"serving.shoal.dev/replica": "0"},
+        },
+        "spec": {"replicas": 1},
+        "status": {"observedGeneration": observed, "replicas": pods, "updateRevision": "r"},
+    }
+
+
+def failed_create(message: str, when: str) -> dict[str, Any]:
+    return {"message": message, "lastTimestamp": when, "reason": "FailedCreate"}
+
+
+def test_a_statefulset_lacks_pods_only_once_its_controller_has_seen_it() -> None:
+    lacking = set_facts(statefulset(generation=1, observed=1, pods=0))
+    assert lacking is not None and lacking.missing_pods
+    just_made = set_facts(statefulset(generation=1, observed=0, pods=0))
+    assert just_made is not None and not just_made.missing_pods
+    whole = set_facts(statefulset(generation=2, observed=2, pods=1))
+    assert whole is not None and not whole.missing_pods
+
+
+def test_the_newest_refusal_counts_and_an_old_one_does_not() -> None:
+    events = [
+        failed_create("quota", "2026-12-06T10:00:00Z"),
+        failed_create(
+            f"create Pod c-r0-0 in StatefulSet c-r0 failed error: {PSA_WORDS}",
+            "2026-12-06T10:05:00Z",
+        ),
+    ]
+    assert newest_message(events, since="2026-12-06T10:01:00Z") == PSA_WORDS
+    assert newest_message(events, since="2026-12-06T10:06:00Z") is None
+    assert newest_message([], since="2026-12-06T10:06:00Z") is None
+
+
+def test_refused_engine_pods_are_degraded_with_the_api_servers_words_and_the_fields() -> None:
+    sets = [statefulset(generation=1, observed=1, pods=0)]
+    seen = observe(
+        statefulsets=sets, pods=[], router=None, gpu_resource="nvidia.com/gpu",
+        refusals={"c-r0": PSA_WORDS},
+    )  # fmt: skip
+    seen = Observed(replicas=seen.replicas, router=RouterFacts(spec_hash="h", available=2))
+    degraded = conditions(build_status(inputs(seen)))["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "PodsRefused")
+    assert degraded["message"].startswith(f"StatefulSet c-r0 cannot create its pods: {PSA_WORDS}; ")
+    assert (
+        "set spec.engine.pod.securityContext and spec.engine.pod.containerSecurityContext"
+        in (degraded["message"])
+    )
+    # A set with its pods ignores an old refusal.
+    whole = observe(
+        statefulsets=[statefulset(generation=1, observed=1, pods=1)], pods=[], router=None,
+        gpu_resource="nvidia.com/gpu", refusals={"c-r0": PSA_WORDS},
+    )  # fmt: skip
+    assert whole.replicas[0].leader is not None and whole.replicas[0].leader.refused is None
+
+
+def test_refused_router_pods_are_degraded_from_the_deployments_replica_failure() -> None:
+    deployment = {
+        "metadata": {"name": "c-router"},
+        "status": {
+            "conditions": [
+                {"type": "ReplicaFailure", "status": "True", "message": "exceeded quota: q"}
+            ]
+        },
+    }
+    seen = observe(statefulsets=[], pods=[], router=deployment, gpu_resource="nvidia.com/gpu")
+    assert seen.router is not None and seen.router.refused == "exceeded quota: q"
+    fleet = fleet_with(crash_looping())
+    fleet = Observed(replicas=fleet.replicas, router=seen.router)
+    degraded = conditions(build_status(inputs(fleet)))["Degraded"]
+    assert degraded["reason"] == "PodsRefused"
+    assert degraded["message"] == (
+        "Deployment c-router cannot create its pods: exceeded quota: q; a ResourceQuota of "
+        "the namespace is used up: raise it, or lower the pods' requests"
+    )

@@ -84,6 +84,7 @@ class ConditionReason(StrEnum):
     IMAGE_PULL_FAILING = "ImagePullFailing"
     CONTAINER_CONFIG_ERROR = "ContainerConfigError"
     CONTAINER_CANNOT_RUN = "ContainerCannotRun"
+    PODS_REFUSED = "PodsRefused"
     UNSCHEDULABLE = "Unschedulable"
     POD_FAILED = "PodFailed"
     DOWNLOAD_FAILED = "DownloadFailed"

@@ -10,6 +10,9 @@ reports of them (observe's ContainerFacts). Pure.
 - ErrImagePull, ImagePullBackOff or InvalidImageName is ImagePullFailing;
 - CreateContainerConfigError (a Secret or ConfigMap key it needs is missing)
   is Misconfigured; CreateContainerError and RunContainerError CrashLooping.
+
+And why pods are not made at all: the API server refuses them (Pod Security,
+a quota, a webhook), which their StatefulSet or Deployment only reports.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from shoal.controller.observe import (
 _PULL = (Waiting.PULL_ERROR, Waiting.PULL_BACKOFF, Waiting.INVALID_IMAGE)
 _CANNOT_RUN = (Waiting.CREATE_ERROR, Waiting.RUN_ERROR)
 _LINE_CHARS = 300
+# The API server's refusal of a pod: Pod Security lists every field it wants.
+_WORDS_CHARS = 600
 
 # (pattern in the engine's last words, what to do), first match wins.
 _HINTS: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -57,6 +62,36 @@ _HINTS: tuple[tuple[re.Pattern[str], str], ...] = (
         "spec.engine.maxModelLen",
     ),
 )
+
+
+# (the API server's words, what to do), first match wins; {pod} is the
+# spec's pod settings (spec.engine.pod or spec.router.pod).
+_REFUSAL_HINTS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"violates PodSecurity"),
+        "the namespace enforces a Pod Security level: set {pod}.securityContext and "
+        "{pod}.containerSecurityContext as it asks (vLLM's images run as root, so the "
+        "restricted level also needs an image that runs as non-root), or lower the "
+        "namespace's pod-security.kubernetes.io/enforce label",
+    ),
+    (
+        re.compile(r"exceeded quota"),
+        "a ResourceQuota of the namespace is used up: raise it, or lower the pods' requests",
+    ),
+    (
+        re.compile(r"admission webhook"),
+        "an admission webhook refused them: its message above says why",
+    ),
+)
+
+
+def refused_pods(owner: str, words: str, *, pod_settings: str) -> str:
+    """Why `owner` (e.g. "StatefulSet c-r0") has no pods, and what to do."""
+    fix = next(
+        (text for pattern, text in _REFUSAL_HINTS if pattern.search(words)),
+        f"kubectl describe {owner.lower().replace(' ', '/')}",
+    )
+    return f"{owner} cannot create its pods: {words[:_WORDS_CHARS]}; {fix.format(pod=pod_settings)}"
 
 
 @dataclass(frozen=True)

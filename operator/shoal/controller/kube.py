@@ -185,14 +185,13 @@ class KubeApi:
         return items
 
     async def list(
-        self, api_version: str, kind: str, namespace: str, selector: str
+        self, api_version: str, kind: str, namespace: str, selector: str, *, fields: str = ""
     ) -> list[Manifest]:
+        params = {"labelSelector": selector}
+        if fields:
+            params["fieldSelector"] = fields
         listing = await self._object(
-            "GET",
-            api_version=api_version,
-            kind=kind,
-            namespace=namespace,
-            params={"labelSelector": selector},
+            "GET", api_version=api_version, kind=kind, namespace=namespace, params=params
         )
         items: list[Manifest] = listing.get("items", [])
         return items

@@ -5,6 +5,8 @@ Pure."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -111,6 +113,10 @@ class SetFacts:
     observed_generation: int
     update_revision: str | None
     held: bool
+    # The controller has fewer pods than the set asks for (status.replicas).
+    missing_pods: bool = False
+    # Why the API server refuses the set's pods (its newest FailedCreate Event).
+    refused: str | None = None
 
     @property
     def observed(self) -> bool:
@@ -160,6 +166,8 @@ class ReplicaFacts:
 class RouterFacts:
     spec_hash: str | None
     available: int
+    # Why the API server refuses its pods (the Deployment's ReplicaFailure).
+    refused: str | None = None
 
 
 @dataclass
@@ -296,7 +304,37 @@ def set_facts(statefulset: Manifest, *, owner_uid: str | None = None) -> SetFact
         observed_generation=int(status.get("observedGeneration", 0)),
         update_revision=status.get("updateRevision"),
         held=_annotations(statefulset).get(ANNOTATION_PAUSED) == "true",
+        # Once the controller has seen this generation: a set just made has
+        # no pods yet and says nothing of them.
+        missing_pods=int(status.get("observedGeneration", 0)) >= int(meta.get("generation", 0))
+        and int(status.get("replicas", 0) or 0)
+        < int(statefulset.get("spec", {}).get("replicas", 1)),
     )
+
+
+def newest_message(events: list[Manifest], *, since: str) -> str | None:
+    """The message of the newest of these Events (a repeated Event keeps its
+    name and moves its lastTimestamp) if it is from `since` (RFC 3339, UTC)
+    on; None for none."""
+
+    def when(event: Manifest) -> str:
+        stamp = event.get("lastTimestamp") or event.get("eventTime") or ""
+        return str(stamp or event.get("metadata", {}).get("creationTimestamp", ""))
+
+    newest = max(events, key=when, default=None)
+    if newest is None or when(newest)[:19] < since[:19]:
+        return None
+    # The StatefulSet controller's "create Pod X in StatefulSet Y failed
+    # error: <the API server's words>": the words.
+    return str(newest.get("message", "")).split(" failed error: ", 1)[-1]
+
+
+def _router_refusal(deployment: Manifest) -> str | None:
+    """The Deployment's ReplicaFailure: its ReplicaSet could not make pods."""
+    failure = _condition(deployment, "ReplicaFailure")
+    if _status(failure) is ConditionStatus.TRUE:
+        return str((failure or {}).get("message", ""))
+    return None
 
 
 def observe(
@@ -306,14 +344,18 @@ def observe(
     router: Manifest | None,
     gpu_resource: str,
     owner_uid: str | None = None,
+    refusals: Mapping[str, str] | None = None,
 ) -> Observed:
     """owner_uid: the VLLMCluster's; StatefulSets it does not control are not
-    the operator's to change, whatever their labels say."""
+    the operator's to change, whatever their labels say. refusals: why the
+    API server refuses a StatefulSet's pods, by its name."""
     replicas: dict[int, ReplicaFacts] = {}
     for statefulset in statefulsets:
         facts = set_facts(statefulset, owner_uid=owner_uid)
         if facts is None:
             continue
+        if facts.missing_pods and (refused := (refusals or {}).get(facts.name)):
+            facts = dataclasses.replace(facts, refused=refused)
         replica = replicas.setdefault(facts.replica, ReplicaFacts(index=facts.replica))
         if facts.role == ROLE_WORKER:
             replica.worker = facts
@@ -328,5 +370,6 @@ def observe(
         router_facts = RouterFacts(
             spec_hash=_annotations(router).get(ANNOTATION_SPEC_HASH),
             available=int(router.get("status", {}).get("availableReplicas", 0) or 0),
+            refused=_router_refusal(router),
         )
     return Observed(replicas=replicas, router=router_facts)

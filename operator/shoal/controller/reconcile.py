@@ -67,7 +67,14 @@ from shoal.controller.names import (
     router_selector,
     selector_text,
 )
-from shoal.controller.observe import Observed, SetFacts, is_ready, observe
+from shoal.controller.observe import (
+    Observed,
+    SetFacts,
+    is_ready,
+    newest_message,
+    observe,
+    set_facts,
+)
 from shoal.controller.placement import GPU_COUNT_LABEL, with_gpu_facts
 from shoal.controller.probes import engine_key
 from shoal.controller.restarts import seed_restart_times
@@ -306,12 +313,39 @@ async def _observe(
         router=router,
         gpu_resource=gpu_resource,
         owner_uid=ref.uid,
+        refusals=await _pod_refusals(ctx, ref, statefulsets),
     )
     # Listed items carry no kind of their own.
     listed = {f"StatefulSet/{o['metadata']['name']}": o for o in statefulsets}
     if router is not None:
         listed[f"Deployment/{router['metadata']['name']}"] = router
     return observed, listed
+
+
+# A FailedCreate Event older than this is about trouble since mended; the
+# StatefulSet controller retries a refused create (and says so again) within it.
+REFUSAL_SECONDS = 20 * 60
+
+
+async def _pod_refusals(
+    ctx: OperatorContext, ref: ClusterRef, statefulsets: list[Manifest]
+) -> dict[str, str]:
+    """Why the API server refuses the pods of a StatefulSet that has fewer
+    than it asks for (Pod Security, a quota, a webhook): the controller says
+    so only in Events. Read only for such a set, so a healthy fleet reads none."""
+    found: dict[str, str] = {}
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - REFUSAL_SECONDS))
+    for statefulset in statefulsets:
+        facts = set_facts(statefulset, owner_uid=ref.uid)
+        if facts is None or not facts.missing_pods:
+            continue
+        fields = (
+            f"involvedObject.kind=StatefulSet,involvedObject.name={facts.name},reason=FailedCreate"
+        )
+        events = await ctx.kube.list("v1", "Event", ref.namespace, "", fields=fields)
+        if (message := newest_message(events, since=since)) is not None:
+            found[facts.name] = message
+    return found
 
 
 def live_indices(

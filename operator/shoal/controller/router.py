@@ -120,6 +120,22 @@ def build_router_pdb(ref: ClusterRef, spec: VLLMClusterSpec) -> Manifest:
     }
 
 
+# What the restricted Pod Security Standard asks, so that routers run in a
+# namespace that enforces it; the image runs as a non-root user and writes
+# nothing. spec.router.pod's securityContext and containerSecurityContext
+# replace these.
+def pod_security() -> dict[str, Any]:
+    return {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
 def _spread(ref: ClusterRef) -> dict[str, Any]:
     """Router pods preferably on different nodes: one node lost leaves the endpoint up."""
     term = {
@@ -210,6 +226,7 @@ def build_router_deployment(
         # over and over (the testbed's real node, tests/node).
         "startupProbe": {**probe, "periodSeconds": 2, "failureThreshold": 90},
         "volumeMounts": mounted,
+        "securityContext": container_security(),
     }
     if router.shutdown_delay_seconds:
         # Serving on while the endpoint leaves every node's rules and the
@@ -222,6 +239,7 @@ def build_router_deployment(
         container["resources"] = resources
     labels = _labels(ref)
     pod: dict[str, Any] = {
+        "securityContext": pod_security(),
         "serviceAccountName": name,
         "affinity": _spread(ref),
         "containers": [container],

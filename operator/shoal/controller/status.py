@@ -27,7 +27,12 @@ from shoal.api.validation import SpecError
 from shoal.controller.cache import Download, download_status
 from shoal.controller.decide import Decision, Event, EventType, Memory, Probes, group_complete
 from shoal.controller.engine import nodes_per_replica
-from shoal.controller.failures import last_termination, pod_failure, replica_failure
+from shoal.controller.failures import (
+    last_termination,
+    pod_failure,
+    refused_pods,
+    replica_failure,
+)
 from shoal.controller.names import ANNOTATION_PAUSED, leader_selector_text, router_name
 from shoal.controller.observe import Observed, ReplicaFacts
 from shoal.controller.restarts import recent_restarts, wall_seconds
@@ -416,6 +421,17 @@ def _degraded(inputs: StatusInputs) -> Found:
         return True, ConditionReason.DOWNLOAD_FAILED, download.message
     if failed := [r for r in inputs.refused if not r.invalid]:
         return True, ConditionReason.RECONCILE_FAILED, "; ".join(str(r) for r in failed)
+    if (router := inputs.observed.router) is not None and router.refused:
+        owner = f"Deployment {router_name(inputs.name)}"
+        message = refused_pods(owner, router.refused, pod_settings="spec.router.pod")
+        return True, ConditionReason.PODS_REFUSED, message
+    for replica in sorted(inputs.observed.replicas.values(), key=lambda r: r.index):
+        for facts in (replica.leader, replica.worker):
+            if facts is not None and facts.refused:
+                message = refused_pods(
+                    f"StatefulSet {facts.name}", facts.refused, pod_settings="spec.engine.pod"
+                )
+                return True, ConditionReason.PODS_REFUSED, message
     for replica in sorted(inputs.observed.replicas.values(), key=lambda r: r.index):
         for pod in replica.members:
             if pod.unschedulable is not None:
