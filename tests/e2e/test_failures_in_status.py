@@ -33,6 +33,22 @@ def _degraded(bed: Testbed, ns: str, name: str, reason: str) -> dict[str, Any] |
     return None
 
 
+def _says_why(bed: Testbed, ns: str, name: str, reason: str, words: str) -> str:
+    """Degraded turns True with reason within a minute, and `kubectl get`,
+    `kubectl describe` and a Warning Event say so; Degraded's message."""
+    degraded = wait_for(
+        lambda: _degraded(bed, ns, name, reason),
+        what=f"{name} Degraded with {reason}",
+        timeout=60,
+    )
+    assert printed_columns(bed, ns, name)["STATUS"] == reason
+    described = bed.kubectl("describe", "vlc", name, "-n", ns)
+    assert reason in described and words in described, described
+    warnings = [e for e in events(bed, ns, name) if e["type"] == "Warning"]
+    assert reason in [e["reason"] for e in warnings]
+    return str(degraded["message"])
+
+
 def test_an_engine_that_exits_at_start_is_shown_crash_looping_with_its_exit_code(
     testbed: Testbed, ns: str
 ) -> None:
@@ -40,28 +56,19 @@ def test_an_engine_that_exits_at_start_is_shown_crash_looping_with_its_exit_code
     manifest = cluster_manifest("crash", replicas=1)
     manifest["spec"]["engine"]["extraArgs"] += ["--num-gpu-blocks-override", "100"]
     apply(testbed, ns, manifest)
-    degraded = wait_for(
-        lambda: _degraded(testbed, ns, "crash", "EngineCrashLooping"),
-        what="crash Degraded with EngineCrashLooping",
-        timeout=60,
-    )
-    assert "the engine of pod crash-r0-0 exits with code 2" in degraded["message"]
-    assert "see kubectl logs crash-r0-0 --previous" in degraded["message"]
+    message = _says_why(testbed, ns, "crash", "EngineCrashLooping", "exits with code 2")
+    assert "the engine of pod crash-r0-0 exits with code 2" in message
+    assert "see kubectl logs crash-r0-0 --previous" in message
     # The engine's last words reach status (terminationMessagePolicy
     # FallbackToLogsOnError), with the fix they point to.
-    assert "the KV cache cannot hold spec.engine.maxModelLen tokens" in degraded["message"]
+    assert "the KV cache cannot hold spec.engine.maxModelLen tokens" in message
     # The command the message names shows the engine's own error (the pod
     # runner's CRI log files, served by kwok as a kubelet serves them).
     previous = testbed.kubectl("logs", "crash-r0-0", "-n", ns, "--previous")
     assert "fewer than max_model_len" in previous
-    assert printed_columns(testbed, ns, "crash")["STATUS"] == "EngineCrashLooping"
     entry = cluster(testbed, ns, "crash")["status"]["replicaStatuses"][0]
     assert entry["state"] == "CrashLooping"
     assert entry["lastTermination"] == "pod crash-r0-0: exit code 2 (Error)"
-    described = testbed.kubectl("describe", "vlc", "crash", "-n", ns)
-    assert "EngineCrashLooping" in described and "exits with code 2" in described
-    warnings = [e for e in events(testbed, ns, "crash") if e["type"] == "Warning"]
-    assert "EngineCrashLooping" in [e["reason"] for e in warnings]
     # kubelet's backoff restarts it (10 s after the first exit), and that is counted.
     wait_for(
         lambda: (
@@ -80,20 +87,10 @@ def test_an_image_that_cannot_be_pulled_is_shown_with_the_fields_to_check(
 ) -> None:
     image = "vllm/vllm-openai:doesnotexist"
     apply(testbed, ns, cluster_manifest("nopull", replicas=1, image=image))
-    degraded = wait_for(
-        lambda: _degraded(testbed, ns, "nopull", "ImagePullFailing"),
-        what="nopull Degraded with ImagePullFailing",
-        timeout=60,
-    )
-    assert f"image {image} cannot be pulled" in degraded["message"]
-    assert "check spec.image" in degraded["message"]
-    assert printed_columns(testbed, ns, "nopull")["STATUS"] == "ImagePullFailing"
+    message = _says_why(testbed, ns, "nopull", "ImagePullFailing", "check spec.image")
+    assert f"image {image} cannot be pulled" in message
     entry = cluster(testbed, ns, "nopull")["status"]["replicaStatuses"][0]
     assert entry["state"] == "ImagePullFailing"
-    described = testbed.kubectl("describe", "vlc", "nopull", "-n", ns)
-    assert "ImagePullFailing" in described and "check spec.image" in described
-    warnings = [e for e in events(testbed, ns, "nopull") if e["type"] == "Warning"]
-    assert "ImagePullFailing" in [e["reason"] for e in warnings]
 
 
 def test_a_stale_unschedulable_condition_on_a_bound_pod_does_not_take_its_replica_out(
@@ -138,19 +135,10 @@ def test_pods_the_namespace_refuses_say_why_and_routers_meet_the_restricted_stan
     and the fields that fix it; set, the replica comes up."""
     testbed.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
     apply(testbed, ns, cluster_manifest("psa", replicas=1))
-    degraded = wait_for(
-        lambda: _degraded(testbed, ns, "psa", "PodsRefused"),
-        what="psa Degraded with PodsRefused",
-        timeout=60,
-    )
-    assert "StatefulSet psa-r0 cannot create its pods" in degraded["message"]
-    assert 'violates PodSecurity "restricted:latest"' in degraded["message"]
-    assert "spec.engine.pod.securityContext" in degraded["message"]
-    assert printed_columns(testbed, ns, "psa")["STATUS"] == "PodsRefused"
-    described = testbed.kubectl("describe", "vlc", "psa", "-n", ns)
-    assert "PodsRefused" in described and "cannot create its pods" in described
-    warnings = [e for e in events(testbed, ns, "psa") if e["type"] == "Warning"]
-    assert "PodsRefused" in [e["reason"] for e in warnings]
+    message = _says_why(testbed, ns, "psa", "PodsRefused", "cannot create its pods")
+    assert message.startswith("StatefulSet psa-r0 cannot create its pods: pods ")
+    assert 'violates PodSecurity "restricted:latest"' in message
+    assert "spec.engine.pod.securityContext" in message
     wait_for(
         lambda: (
             get_json(testbed, "deployment", "psa-router", "-n", ns)["status"].get(
@@ -173,3 +161,25 @@ def test_pods_the_namespace_refuses_say_why_and_routers_meet_the_restricted_stan
     testbed.kubectl("patch", "vlc", "psa", "-n", ns, "--type=merge", "-p", patch)
     wait_ready(testbed, ns, "psa", 1)
     assert _degraded(testbed, ns, "psa", "PodsRefused") is None
+
+
+def test_router_pods_a_quota_refuses_say_why_from_the_deployment(testbed: Testbed, ns: str) -> None:
+    """No pod fits the namespace's quota: the router Deployment's ReplicaSet
+    is refused, which the Deployment reports as ReplicaFailure."""
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-pods"},
+        "spec": {"hard": {"pods": "0"}},
+    }
+    apply(testbed, ns, quota)
+    wait_for(
+        lambda: (
+            get_json(testbed, "resourcequota", "no-pods", "-n", ns).get("status", {}).get("hard")
+        ),
+        what="the quota counted",
+    )
+    apply(testbed, ns, cluster_manifest("quota", replicas=1))
+    message = _says_why(testbed, ns, "quota", "PodsRefused", "exceeded quota")
+    assert message.startswith("Deployment quota-router cannot create its pods: "), message
+    assert "a ResourceQuota of the namespace is used up" in message
