@@ -13,16 +13,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from typing import Any
 
 from shoal.api import API_VERSION, KIND
+from shoal.controller.finalizer import release
 from shoal.controller.identity import Manifest
 from shoal.controller.kube import ApiError, KubeApi
-from shoal.controller.names import FINALIZER
 
 POLL_SECONDS = 1.0
-# A finalizer list changed under the patch (its `test` failed): read again.
-ATTEMPTS = 3
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,15 +51,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.set_defaults(func=run)
 
 
-def finalizer_patch(finalizers: list[str]) -> list[dict[str, Any]] | None:
-    """A JSON patch that removes shoal's finalizer, and only if the list is still
-    the one read (`test`); None when it is not there."""
-    if FINALIZER not in finalizers:
-        return None
-    at = f"/metadata/finalizers/{finalizers.index(FINALIZER)}"
-    return [{"op": "test", "path": at, "value": FINALIZER}, {"op": "remove", "path": at}]
-
-
 async def _operator_gone(kube: KubeApi, args: argparse.Namespace) -> bool:
     deadline = time.monotonic() + args.wait_seconds
     while True:
@@ -80,29 +68,6 @@ async def _operator_gone(kube: KubeApi, args: argparse.Namespace) -> bool:
         await asyncio.sleep(POLL_SECONDS)
 
 
-async def _release_one(kube: KubeApi, cluster: Manifest) -> bool:
-    """Remove the finalizer from one VLLMCluster; whether it had it."""
-    meta = cluster["metadata"]
-    ns, name = meta["namespace"], meta["name"]
-    for _ in range(ATTEMPTS):
-        patch = finalizer_patch(list(meta.get("finalizers") or []))
-        if patch is None:
-            return False
-        try:
-            await kube.patch(API_VERSION, KIND, ns, name, patch, patch_type="json")
-            return True
-        except ApiError as error:
-            if error.status == 404:
-                return False
-            if error.status not in (409, 422):
-                raise
-        found = await kube.get(API_VERSION, KIND, ns, name)
-        if found is None:
-            return False
-        meta = found["metadata"]
-    raise ApiError(409, f"{ns}/{name}: its finalizers kept changing; try again")
-
-
 async def _release(args: argparse.Namespace) -> int:
     kube = KubeApi(component="release")
     try:
@@ -114,7 +79,7 @@ async def _release(args: argparse.Namespace) -> int:
         released = 0
         for cluster in clusters:
             meta = cluster["metadata"]
-            if await _release_one(kube, cluster):
+            if await release(kube, cluster):
                 released += 1
                 print(f"released {meta['namespace']}/{meta['name']}: it serves on, unmanaged")
         print(

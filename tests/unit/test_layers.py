@@ -51,6 +51,7 @@ IO_CONTROLLER = (
     "cli",
     "context",
     "downloads",
+    "finalizer",
     "handlers",
     "healthloop",
     "kube",

@@ -18,6 +18,7 @@ replicas a fleet keeps: the cheapest to lose go first).
 I/O: `kube` (the API server), `probes`, `healthloop` and `warming` (the
 engines), `autoscaler` (reads the routers, sets the scale subresource),
 `reconcile` (one pass: read, decide, act), `recorder` (posts Events),
+`finalizer` (takes shoal's finalizer off where kopf cannot),
 `downloads` (the model cache's Job and claim), `handlers` (kopf),
 `context`, `children` (the watched children), `metrics` and `logs`
 (process state), `login` (kopf's credentials), `cli` (`shoal operator`).

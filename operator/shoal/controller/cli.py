@@ -150,6 +150,7 @@ async def operate(args: argparse.Namespace, metrics: OperatorMetrics) -> None:
     settings = ControllerSettings(
         router_image=args.router_image,
         router_pull_secrets=tuple(args.router_image_pull_secret),
+        namespaces=tuple(args.namespace),
     )
     kube = KubeApi()
     recorder = EventRecorder(kube, counted=metrics.event_posted)
@@ -160,7 +161,7 @@ async def operate(args: argparse.Namespace, metrics: OperatorMetrics) -> None:
         record_event=recorder.record,
         metrics=metrics,
     )
-    namespaces = list(args.namespace)
+    namespaces = list(settings.namespaces)
     clusterwide = not namespaces
     standalone = args.standalone or not await peering_installed(ctx.kube, clusterwide=clusterwide)
     log.info(

@@ -9,6 +9,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+# kopf's own namespace matching: the operator must agree with its watches.
+from kopf._cogs.structs.references import NamespaceName, match_namespace
+
 from shoal.controller.children import ChildStore
 from shoal.controller.decide import Event, Memory
 from shoal.controller.healthloop import HealthChecks
@@ -34,6 +37,15 @@ class ControllerSettings:
     router_image: str
     # Secrets (by name, in each cluster's namespace) the router pods pull with.
     router_pull_secrets: tuple[str, ...] = ()
+    # The namespace patterns given to kopf (none: all namespaces).
+    namespaces: tuple[str, ...] = ()
+
+    def watches(self, namespace: str) -> bool:
+        """Whether the operator watches the namespace, by kopf's own matching
+        (globs and `!` exclusions), so that the two never disagree."""
+        return not self.namespaces or any(
+            match_namespace(NamespaceName(namespace), pattern) for pattern in self.namespaces
+        )
 
 
 class Wakeups:
@@ -54,6 +66,11 @@ class Wakeups:
     def poke_all(self) -> None:
         for event in self._events.values():
             event.set()
+
+    def poke_namespace(self, namespace: str) -> None:
+        for (ns, _), event in self._events.items():
+            if ns == namespace:
+                event.set()
 
     def forget(self, key: ClusterKey, event: asyncio.Event) -> None:
         # Only its own: a cluster deleted and made again under the same name
@@ -80,6 +97,7 @@ class ClusterState:
     last_failure: str | None = None  # the last failed pass or refused writes, last reported
     refused_backoff: float = 5.0  # seconds until a pass with refused writes looks again
     nodes_unreadable: bool = False  # node-loss handling off (said once)
+    namespace_going: bool = False  # its namespace is being deleted: nothing to do but go
 
 
 @dataclass
@@ -94,6 +112,10 @@ class OperatorContext:
     wakeups: Wakeups = field(default_factory=Wakeups)
     children: ChildStore = field(default_factory=ChildStore)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    # Namespaces said to be being deleted (a namespace event, a create refused
+    # as NamespaceTerminating): their clusters' daemons look, and if so stop
+    # reconciling and release their finalizers (controller/finalizer.py).
+    going: set[str] = field(default_factory=set)
     probe: EngineProbe = field(init=False)
     warmups: Warmups = field(init=False)
     health: HealthChecks = field(init=False)

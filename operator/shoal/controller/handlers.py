@@ -11,6 +11,8 @@ kopf's settings. Thin: every handler calls `reconcile`, which does the work.
   router's Deployment (Services, ConfigMap, PDB, RBAC) in a store of shoal's
   own (shoal.controller.children: not kopf's indexes, whose start-up hold a
   deleted namespace can leave in place for good);
+- a watched namespace being deleted: its clusters stop reconciling and take
+  their finalizers off once deleted, which kopf does not (controller/finalizer.py);
 - handlers are registered on a registry of their own, not kopf's global one."""
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 import httpx
 import kopf
 
-from shoal.api import GROUP, PLURAL, VERSION
+from shoal.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from shoal.api.status import ConditionReason, ConditionStatus
 from shoal.controller.autoscaler import PERIOD_SECONDS as AUTOSCALE_SECONDS
 from shoal.controller.autoscaler import AutoscalerState, autoscale
@@ -31,6 +33,7 @@ from shoal.controller.children import STORED_KINDS, cluster_of
 from shoal.controller.context import ClusterState, OperatorContext
 from shoal.controller.decide import Event, EventType
 from shoal.controller.events import NAME_PREFIX, REPORTING_COMPONENT
+from shoal.controller.finalizer import namespace_going, release, release_deleted
 from shoal.controller.identity import ClusterRef
 from shoal.controller.kube import ApiError
 from shoal.controller.login import login  # kopf's credentials, as kr8s finds them
@@ -50,6 +53,8 @@ RETRY_SECONDS = 5.0
 # A failed pass is retried after this, doubled at each failure up to the most.
 FIRST_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 30.0
+# In a namespace being deleted: how often a cluster looks whether it has been deleted.
+RELEASE_POLL_SECONDS = 2.0
 
 _TRANSIENT = (ApiError, httpx.HTTPError, TimeoutError, OSError)
 
@@ -101,8 +106,13 @@ async def cluster_daemon(
     log = cluster_logger(*key)
     wake = ctx.wakeups.register(key)
     backoff = FIRST_BACKOFF_SECONDS
+    released = False
     try:
         while not stopped:
+            if key[0] in ctx.going and await _namespace_going(ctx, body):
+                state.namespace_going = True
+                released = await _release_when_deleted(ctx, body, stopped)
+                return
             wake.clear()
             started, ok = time.monotonic(), False
             try:
@@ -143,12 +153,55 @@ async def cluster_daemon(
     finally:
         ctx.wakeups.forget(key, wake)
         # kopf keeps a daemon's body live: stopped for a deletion, it has the timestamp.
-        ctx.forget(ClusterRef.of(body), deleted=body.metadata.deletion_timestamp is not None)
+        deleted = released or body.metadata.deletion_timestamp is not None
+        ctx.forget(ClusterRef.of(body), deleted=deleted)
+
+
+async def _namespace_going(ctx: OperatorContext, body: kopf.Body) -> bool:
+    """Whether the cluster's namespace, said to be going, is: a namespace made
+    again under the same name is not (its word is then forgotten)."""
+    namespace = body.metadata.namespace or ""
+    try:
+        going = await namespace_going(ctx.kube, namespace)
+    except _TRANSIENT as error:
+        cluster_logger(*key_of(body)).warning("cannot read namespace %s: %s", namespace, error)
+        return False  # asked again at the next pass
+    if not going:
+        ctx.going.discard(namespace)
+    return going
+
+
+async def _release_when_deleted(
+    ctx: OperatorContext, body: kopf.Body, stopped: kopf.DaemonStopped
+) -> bool:
+    """The cluster's namespace is being deleted: nothing can be made there any
+    more, and kopf no longer watches it (controller/finalizer.py). Once the
+    namespace controller has deleted the cluster, take the finalizer off;
+    whether this did."""
+    ref = ClusterRef.of(body)
+    log = cluster_logger(ref.namespace, ref.name)
+    log.info("namespace %s is being deleted: reconciling stopped", ref.namespace)
+    while not stopped:
+        try:
+            found = await ctx.kube.get(API_VERSION, KIND, ref.namespace, ref.name)
+            if found is None or found["metadata"].get("uid") != ref.uid:
+                return False  # gone: kopf saw it go after all
+            if found["metadata"].get("deletionTimestamp"):
+                if not await release(ctx.kube, found):
+                    return False
+                log.info("released %s/%s: deleted with its namespace", ref.namespace, ref.name)
+                return True
+        except _TRANSIENT as error:
+            log.warning("cannot release the cluster yet: %s", error)
+        await stopped.wait(RELEASE_POLL_SECONDS)
+    return False
 
 
 async def autoscale_timer(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """The built-in autoscaler's round (spec.autoscaling); returns nothing, so
     kopf stores nothing in status."""
+    if state_of(memo).namespace_going:
+        return  # kopf keeps calling it after it has stopped watching the namespace
     if "autoscaler" not in memo:
         memo["autoscaler"] = AutoscalerState()
     try:
@@ -174,6 +227,47 @@ async def node_changed(status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:
         context_of(memo).wakeups.poke_all()
 
 
+async def namespace_changed(
+    event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    """A watched namespace being deleted: its clusters' daemons look
+    (controller/finalizer.py says why kopf cannot), and those already deleted
+    are released at once."""
+    ctx = context_of(memo)
+    name = body.metadata.name or ""
+    if event.get("type") == "DELETED" or body.metadata.deletion_timestamp is None:
+        ctx.going.discard(name)
+    elif ctx.settings.watches(name):
+        ctx.going.add(name)
+        ctx.wakeups.poke_namespace(name)
+        await _release_deleted(ctx, name)
+
+
+async def release_going_namespaces(memo: kopf.Memo, **_: Any) -> None:
+    """At start-up: kopf does not watch a namespace already being deleted, and
+    has no daemon for its clusters; those deleted with it are released here."""
+    ctx = context_of(memo)
+    try:
+        namespaces = await ctx.kube.list("v1", "Namespace", "", "")
+    except _TRANSIENT as error:
+        logging.getLogger(__name__).warning("cannot list namespaces: %s", error)
+        return
+    for namespace in namespaces:
+        name = namespace["metadata"]["name"]
+        if namespace["metadata"].get("deletionTimestamp") and ctx.settings.watches(name):
+            await _release_deleted(ctx, name)
+
+
+async def _release_deleted(ctx: OperatorContext, namespace: str) -> None:
+    try:
+        for name in await release_deleted(ctx.kube, namespace):
+            cluster_logger(namespace, name).info(
+                "released %s/%s: deleted with its namespace", namespace, name
+            )
+    except _TRANSIENT as error:
+        logging.getLogger(__name__).warning("namespace %s is being deleted: %s", namespace, error)
+
+
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     await context_of(memo).close()
 
@@ -195,6 +289,8 @@ def build_registry() -> kopf.OperatorRegistry:
             child_changed
         )
     kopf.on.event("v1", "nodes", id="wake-nodes", registry=registry)(node_changed)
+    kopf.on.event("v1", "namespaces", id="namespaces", registry=registry)(namespace_changed)
+    kopf.on.startup(registry=registry)(release_going_namespaces)
     kopf.on.login(registry=registry)(login)
     kopf.on.cleanup(registry=registry)(cleanup)
     return registry

@@ -36,10 +36,15 @@ VLLMClusterObject = new_class(KIND, API_VERSION, namespaced=True, plural=PLURAL)
 class ApiError(Exception):
     """The API server refused a request (HTTP status >= 400)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, causes: tuple[str, ...] = ()) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
         self.message = message  # the API server's own words
+        self.causes = causes  # its Status' details.causes[].reason
+
+
+# The cause of a create refused in a namespace being deleted.
+NAMESPACE_TERMINATING = "NamespaceTerminating"
 
 
 def kind_of(api_version: str, kind: str) -> type[APIObject]:
@@ -106,7 +111,8 @@ class KubeApi:
             answer = error.response
             if answer is None:
                 raise ApiError(0, str(error)) from error
-            raise ApiError(answer.status_code, _message(answer.text)) from error
+            message, causes = _status(answer.text)
+            raise ApiError(answer.status_code, message, causes) from error
         except kr8s.APITimeoutError as error:
             raise TimeoutError(f"Kubernetes API: {error}") from error
         except httpx.TransportError as error:
@@ -254,8 +260,12 @@ class KubeApi:
         return True
 
 
-def _message(text: str) -> str:
+def _status(text: str) -> tuple[str, tuple[str, ...]]:
+    """The message and the causes' reasons of a refusal's Status."""
     try:
-        return str(json.loads(text).get("message", text))
+        status = json.loads(text)
+        causes = (status.get("details") or {}).get("causes") or []
+        reasons = tuple(str(c["reason"]) for c in causes if isinstance(c, dict) and "reason" in c)
+        return str(status.get("message", text)), reasons
     except (ValueError, AttributeError):
-        return text[:500]
+        return text[:500], ()

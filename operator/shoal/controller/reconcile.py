@@ -53,7 +53,7 @@ from shoal.controller.engine import nodes_per_replica, served_model_name
 from shoal.controller.events import children_made
 from shoal.controller.healthloop import Target
 from shoal.controller.identity import ClusterRef, Manifest, of_cluster
-from shoal.controller.kube import ApiError
+from shoal.controller.kube import NAMESPACE_TERMINATING, ApiError
 from shoal.controller.logs import cluster_logger
 from shoal.controller.names import (
     ANNOTATION_GROUP,
@@ -536,6 +536,8 @@ async def _apply(
                 return False
         await ctx.kube.apply(stamped(manifest, marks))
     except ApiError as error:
+        if NAMESPACE_TERMINATING in error.causes:
+            ctx.going.add(ref.namespace)  # the daemon's next look stops the passes
         refused.append(Refusal(f"{kind} {name}", error.status, error.message))
         log.warning("the API server refused %s %s: %s", kind, name, error)
         return False

@@ -1,0 +1,113 @@
+"""A namespace deleted with a serving VLLMCluster in it, as a platform
+engineer tears down a team's namespace, on the real control plane.
+
+The operator watching named namespaces (the chart's
+`operator.watchNamespaces`, or a glob given to `shoal operator`) must let
+the namespace go: kopf stops watching a namespace at the first status its
+deletion writes, before the namespace controller deletes the VLLMClusters in
+it, so it never saw them go and never removed its finalizer. The namespace
+stayed Terminating for ever. And a namespace made again under the same name
+is served again."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from shoal_testbed.cluster import Testbed
+from tests.e2e.kube import apply, get_json, wait_for
+from tests.e2e.operator_env import (
+    cluster_manifest,
+    complete,
+    delete_clusters,
+    install_crd,
+    operator,
+    router_url,
+    wait_ready,
+)
+
+pytestmark = pytest.mark.e2e
+
+PATTERN = "shoal-nsdel"
+NAME = "chat"
+# A namespace with one replica goes in about 15 s here; the bound is generous.
+GONE_SECONDS = 90
+
+
+def _serve(bed: Testbed, ns: str) -> None:
+    apply(bed, ns, cluster_manifest(NAME, replicas=1))
+    wait_ready(bed, ns, NAME, 1)
+    assert complete(router_url(bed, ns, NAME), "hello").status_code == 200
+
+
+def _created(bed: Testbed, ns: str) -> None:
+    bed.kubectl("create", "namespace", ns)
+    wait_for(
+        lambda: bed.kubectl("get", "serviceaccount", "default", "-n", ns, check=False),
+        what=f"default ServiceAccount in {ns}",
+    )
+
+
+@pytest.mark.parametrize("watch", ["name", "glob"])
+def test_a_namespace_deleted_with_a_serving_cluster_goes_and_comes_back_served(
+    testbed: Testbed, tmp_path: Path, watch: str
+) -> None:
+    install_crd(testbed)
+    ns = f"{PATTERN}-{uuid.uuid4().hex[:6]}"
+    _created(testbed, ns)
+    log = tmp_path / "operator.log"
+    try:
+        with operator(testbed, log, namespaces=[ns if watch == "name" else f"{PATTERN}-*"]):
+            _serve(testbed, ns)
+            started = time.monotonic()
+            testbed.kubectl("delete", "namespace", ns, f"--timeout={GONE_SECONDS}s")
+            assert not testbed.kubectl("get", "namespace", ns, "--ignore-not-found").strip()
+            took = time.monotonic() - started
+            assert took < GONE_SECONDS
+            released = [line for line in log.read_text().splitlines() if "released" in line]
+            assert any(f"{ns}/{NAME}" in line for line in released), released
+
+            # The same name again: watched again, with nothing of the old
+            # cluster left in the operator's memory.
+            _created(testbed, ns)
+            _serve(testbed, ns)
+            status = get_json(testbed, "vllmcluster", NAME, "-n", ns)["status"]
+            assert status["readyReplicas"] == 1
+    finally:
+        if testbed.kubectl("get", "namespace", ns, "--ignore-not-found", check=False).strip():
+            delete_clusters(testbed, ns)
+            testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_an_operator_started_while_a_namespace_is_deleted_lets_it_go(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """The namespace deleted while the operator is down (a rollout of the
+    operator, say): its VLLMCluster waits, deleted, for the finalizer to come
+    off. The operator started again releases it, though kopf does not watch a
+    namespace that is already being deleted."""
+    install_crd(testbed)
+    ns = f"{PATTERN}-{uuid.uuid4().hex[:6]}"
+    _created(testbed, ns)
+    log = tmp_path / "operator.log"
+    try:
+        with operator(testbed, log, namespaces=[ns]):
+            _serve(testbed, ns)
+        testbed.kubectl("delete", "namespace", ns, "--wait=false")
+        wait_for(
+            lambda: get_json(testbed, "vllmcluster", NAME, "-n", ns)["metadata"].get(
+                "deletionTimestamp"
+            ),
+            what=f"VLLMCluster {NAME} deleted with {ns}",
+        )
+        time.sleep(3)  # and still there: only the operator takes the finalizer off
+        assert get_json(testbed, "vllmcluster", NAME, "-n", ns)["metadata"]["finalizers"]
+        with operator(testbed, log, namespaces=[ns]):
+            testbed.kubectl("wait", "--for=delete", f"namespace/{ns}", f"--timeout={GONE_SECONDS}s")
+    finally:
+        if testbed.kubectl("get", "namespace", ns, "--ignore-not-found", check=False).strip():
+            delete_clusters(testbed, ns)
+            testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
