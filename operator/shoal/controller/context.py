@@ -97,7 +97,7 @@ class ClusterState:
     last_failure: str | None = None  # the last failed pass or refused writes, last reported
     refused_backoff: float = 5.0  # seconds until a pass with refused writes looks again
     nodes_unreadable: bool = False  # node-loss handling off (said once)
-    namespace_going: bool = False  # its namespace is being deleted: nothing to do but go
+    gone: bool = False  # deleted: its daemon has ended (kopf may still run its timer)
 
 
 @dataclass
@@ -116,6 +116,7 @@ class OperatorContext:
     # as NamespaceTerminating): their clusters' daemons look, and if so stop
     # reconciling and release their finalizers (controller/finalizer.py).
     going: set[str] = field(default_factory=set)
+    crd_going: bool = False  # the VLLMCluster CRD is being deleted (handlers.crd_changed)
     probe: EngineProbe = field(init=False)
     warmups: Warmups = field(init=False)
     health: HealthChecks = field(init=False)

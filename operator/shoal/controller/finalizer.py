@@ -3,10 +3,12 @@
 kopf puts the finalizer on every VLLMCluster (for the per-cluster daemon) and
 takes it off once a deleted cluster's daemon has stopped. Two cases escape
 it: the operator uninstalled (`shoal release`, the chart's post-delete hook)
-and a watched namespace being deleted. kopf stops watching a namespace at the
-first status its deletion writes, before the namespace controller has deleted
-the VLLMClusters in it (and does not watch one already being deleted when it
-starts): it never sees them go, and the namespace would stay Terminating for
+and a watched namespace or the CRD being deleted. kopf stops watching a
+namespace at the first status its deletion writes, before the namespace
+controller has deleted the VLLMClusters in it (and does not watch one already
+being deleted when it starts); it stops watching VLLMClusters once their CRD
+is being deleted (it cannot patch them any more, it says). Either way it
+never sees them go, and the namespace or the CRD would stay Terminating for
 ever. controller/handlers.py calls these then."""
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ kopf's settings. Thin: every handler calls `reconcile`, which does the work.
   router's Deployment (Services, ConfigMap, PDB, RBAC) in a store of shoal's
   own (shoal.controller.children: not kopf's indexes, whose start-up hold a
   deleted namespace can leave in place for good);
-- a watched namespace being deleted: its clusters stop reconciling and take
-  their finalizers off once deleted, which kopf does not (controller/finalizer.py);
+- a watched namespace, or the CRD, being deleted: the clusters take their
+  finalizers off once deleted, which kopf does not (controller/finalizer.py);
 - handlers are registered on a registry of their own, not kopf's global one."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import httpx
 import kopf
 
 from shoal.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from shoal.api.crd import CRD_NAME
 from shoal.api.status import ConditionReason, ConditionStatus
 from shoal.controller.autoscaler import PERIOD_SECONDS as AUTOSCALE_SECONDS
 from shoal.controller.autoscaler import AutoscalerState, autoscale
@@ -110,8 +111,11 @@ async def cluster_daemon(
     try:
         while not stopped:
             if key[0] in ctx.going and await _namespace_going(ctx, body):
-                state.namespace_going = True
-                released = await _release_when_deleted(ctx, body, stopped)
+                log.info("namespace %s is being deleted: reconciling stopped", key[0])
+                while not (released := await _deleted_and_released(ctx, body)) and not stopped:
+                    await stopped.wait(RELEASE_POLL_SECONDS)
+                return
+            if ctx.crd_going and (released := await _deleted_and_released(ctx, body)):
                 return
             wake.clear()
             started, ok = time.monotonic(), False
@@ -146,6 +150,8 @@ async def cluster_daemon(
             finally:
                 ctx.metrics.pass_finished(key, ok=ok, seconds=time.monotonic() - started)
             try:
+                if ctx.crd_going:  # the cluster is deleted soon: look again soon
+                    delay = min(delay or RELEASE_POLL_SECONDS, RELEASE_POLL_SECONDS)
                 await asyncio.wait_for(wake.wait(), RESYNC_SECONDS if delay is None else delay)
                 await asyncio.sleep(DEBOUNCE_SECONDS)
             except TimeoutError:
@@ -153,8 +159,8 @@ async def cluster_daemon(
     finally:
         ctx.wakeups.forget(key, wake)
         # kopf keeps a daemon's body live: stopped for a deletion, it has the timestamp.
-        deleted = released or body.metadata.deletion_timestamp is not None
-        ctx.forget(ClusterRef.of(body), deleted=deleted)
+        state.gone = released or body.metadata.deletion_timestamp is not None
+        ctx.forget(ClusterRef.of(body), deleted=state.gone)
 
 
 async def _namespace_going(ctx: OperatorContext, body: kopf.Body) -> bool:
@@ -171,37 +177,30 @@ async def _namespace_going(ctx: OperatorContext, body: kopf.Body) -> bool:
     return going
 
 
-async def _release_when_deleted(
-    ctx: OperatorContext, body: kopf.Body, stopped: kopf.DaemonStopped
-) -> bool:
-    """The cluster's namespace is being deleted: nothing can be made there any
-    more, and kopf no longer watches it (controller/finalizer.py). Once the
-    namespace controller has deleted the cluster, take the finalizer off;
-    whether this did."""
+async def _deleted_and_released(ctx: OperatorContext, body: kopf.Body) -> bool:
+    """Whether the cluster has been deleted, its finalizer taken off here if
+    kopf no longer watches it (controller/finalizer.py says when)."""
     ref = ClusterRef.of(body)
     log = cluster_logger(ref.namespace, ref.name)
-    log.info("namespace %s is being deleted: reconciling stopped", ref.namespace)
-    while not stopped:
-        try:
-            found = await ctx.kube.get(API_VERSION, KIND, ref.namespace, ref.name)
-            if found is None or found["metadata"].get("uid") != ref.uid:
-                return False  # gone: kopf saw it go after all
-            if found["metadata"].get("deletionTimestamp"):
-                if not await release(ctx.kube, found):
-                    return False
-                log.info("released %s/%s: deleted with its namespace", ref.namespace, ref.name)
-                return True
-        except _TRANSIENT as error:
-            log.warning("cannot release the cluster yet: %s", error)
-        await stopped.wait(RELEASE_POLL_SECONDS)
-    return False
+    try:
+        found = await ctx.kube.get(API_VERSION, KIND, ref.namespace, ref.name)
+        if found is None or found["metadata"].get("uid") != ref.uid:
+            return True  # gone: kopf saw it go after all
+        if not found["metadata"].get("deletionTimestamp"):
+            return False
+        if await release(ctx.kube, found):
+            log.info("released %s/%s: deleted", ref.namespace, ref.name)
+        return True
+    except _TRANSIENT as error:
+        log.warning("cannot release the cluster yet: %s", error)
+        return False
 
 
 async def autoscale_timer(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """The built-in autoscaler's round (spec.autoscaling); returns nothing, so
     kopf stores nothing in status."""
-    if state_of(memo).namespace_going:
-        return  # kopf keeps calling it after it has stopped watching the namespace
+    if state_of(memo).gone:
+        return  # kopf keeps calling it once it no longer watches the cluster
     if "autoscaler" not in memo:
         memo["autoscaler"] = AutoscalerState()
     try:
@@ -243,6 +242,16 @@ async def namespace_changed(
         await _release_deleted(ctx, name)
 
 
+async def crd_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The VLLMCluster CRD being deleted: kopf stops watching VLLMClusters (a
+    resource being deleted cannot be patched), so every cluster's daemon looks
+    whether it has been deleted, and releases it."""
+    ctx = context_of(memo)
+    ctx.crd_going = event.get("type") != "DELETED" and body.metadata.deletion_timestamp is not None
+    if ctx.crd_going:
+        ctx.wakeups.poke_all()
+
+
 async def release_going_namespaces(memo: kopf.Memo, **_: Any) -> None:
     """At start-up: kopf does not watch a namespace already being deleted, and
     has no daemon for its clusters; those deleted with it are released here."""
@@ -262,7 +271,7 @@ async def _release_deleted(ctx: OperatorContext, namespace: str) -> None:
     try:
         for name in await release_deleted(ctx.kube, namespace):
             cluster_logger(namespace, name).info(
-                "released %s/%s: deleted with its namespace", namespace, name
+                "released %s/%s: deleted", namespace, name
             )
     except _TRANSIENT as error:
         logging.getLogger(__name__).warning("namespace %s is being deleted: %s", namespace, error)
@@ -291,6 +300,15 @@ def build_registry() -> kopf.OperatorRegistry:
     kopf.on.event("v1", "nodes", id="wake-nodes", registry=registry)(node_changed)
     kopf.on.event("v1", "namespaces", id="namespaces", registry=registry)(namespace_changed)
     kopf.on.startup(registry=registry)(release_going_namespaces)
+    kopf.on.event(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        id="crd",
+        field="metadata.name",
+        value=CRD_NAME,
+        registry=registry,
+    )(crd_changed)
     kopf.on.login(registry=registry)(login)
     kopf.on.cleanup(registry=registry)(cleanup)
     return registry

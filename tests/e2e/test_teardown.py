@@ -1,22 +1,26 @@
-"""A namespace deleted with a serving VLLMCluster in it, as a platform
-engineer tears down a team's namespace, on the real control plane.
+"""Tearing down with the operator running, as a platform engineer cleans up,
+on the real control plane: a namespace deleted with a serving VLLMCluster in
+it, and the CRD deleted with VLLMClusters left.
 
-The operator watching named namespaces (the chart's
-`operator.watchNamespaces`, or a glob given to `shoal operator`) must let
-the namespace go: kopf stops watching a namespace at the first status its
-deletion writes, before the namespace controller deletes the VLLMClusters in
-it, so it never saw them go and never removed its finalizer. The namespace
-stayed Terminating for ever. And a namespace made again under the same name
-is served again."""
+kopf stops watching a namespace at the first status its deletion writes,
+before the namespace controller deletes the VLLMClusters in it, when the
+operator watches named namespaces (the chart's `operator.watchNamespaces`, or
+a glob given to `shoal operator`); and it stops watching VLLMClusters once
+their CRD is being deleted. Either way it never saw them go and never took
+its finalizer off: the namespace, or the CRD, stayed Terminating for ever,
+and the fleets ran on. A namespace made again under the same name is served
+again."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from shoal.api.crd import CRD_NAME
 from shoal_testbed.cluster import Testbed
 from tests.e2e.kube import apply, get_json, wait_for
 from tests.e2e.operator_env import (
@@ -31,7 +35,7 @@ from tests.e2e.operator_env import (
 
 pytestmark = pytest.mark.e2e
 
-PATTERN = "shoal-nsdel"
+PATTERN = "shoal-teardown"
 NAME = "chat"
 # A namespace with one replica goes in about 15 s here; the bound is generous.
 GONE_SECONDS = 90
@@ -111,3 +115,30 @@ def test_an_operator_started_while_a_namespace_is_deleted_lets_it_go(
         if testbed.kubectl("get", "namespace", ns, "--ignore-not-found", check=False).strip():
             delete_clusters(testbed, ns)
             testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_the_crd_deleted_with_clusters_left_goes_and_takes_their_fleets(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    install_crd(testbed)
+    ns = f"{PATTERN}-{uuid.uuid4().hex[:6]}"
+    _created(testbed, ns)
+    try:
+        with operator(testbed, tmp_path / "operator.log", namespaces=[f"{PATTERN}-*"]):
+            _serve(testbed, ns)
+            testbed.kubectl("delete", "crd", CRD_NAME, f"--timeout={GONE_SECONDS}s")
+            # Their children go with them, by their owner references.
+            wait_for(
+                lambda: not get_json(testbed, "statefulsets,deployments", "-n", ns)["items"],
+                what=f"the fleet in {ns} collected",
+                timeout=GONE_SECONDS,
+            )
+    finally:
+        # The CRD back for the tests after this one, once it has gone.
+        unheld = json.dumps({"metadata": {"finalizers": None}})
+        testbed.kubectl(
+            "patch", "vllmcluster", NAME, "-n", ns, "--type=merge", "-p", unheld, check=False
+        )
+        testbed.kubectl("wait", "--for=delete", f"crd/{CRD_NAME}", "--timeout=60s", check=False)
+        install_crd(testbed)
+        testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
