@@ -270,9 +270,7 @@ async def release_going_namespaces(memo: kopf.Memo, **_: Any) -> None:
 async def _release_deleted(ctx: OperatorContext, namespace: str) -> None:
     try:
         for name in await release_deleted(ctx.kube, namespace):
-            cluster_logger(namespace, name).info(
-                "released %s/%s: deleted", namespace, name
-            )
+            cluster_logger(namespace, name).info("released %s/%s: deleted", namespace, name)
     except _TRANSIENT as error:
         logging.getLogger(__name__).warning("namespace %s is being deleted: %s", namespace, error)
 
