@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,74 +56,66 @@ def _created(bed: Testbed, ns: str) -> None:
     )
 
 
-@pytest.mark.parametrize("watch", ["name", "glob"])
-def test_a_namespace_deleted_with_a_serving_cluster_goes_and_comes_back_served(
-    testbed: Testbed, tmp_path: Path, watch: str
-) -> None:
+@pytest.fixture
+def team_ns(testbed: Testbed) -> Iterator[str]:
+    """A namespace of its own, the CRD installed; whatever a failed test left
+    in it released and deleted."""
     install_crd(testbed)
     ns = f"{PATTERN}-{uuid.uuid4().hex[:6]}"
     _created(testbed, ns)
-    log = tmp_path / "operator.log"
-    try:
-        with operator(testbed, log, namespaces=[ns if watch == "name" else f"{PATTERN}-*"]):
-            _serve(testbed, ns)
-            started = time.monotonic()
-            testbed.kubectl("delete", "namespace", ns, f"--timeout={GONE_SECONDS}s")
-            assert not testbed.kubectl("get", "namespace", ns, "--ignore-not-found").strip()
-            took = time.monotonic() - started
-            assert took < GONE_SECONDS
-            released = [line for line in log.read_text().splitlines() if "released" in line]
-            assert any(f"{ns}/{NAME}" in line for line in released), released
+    yield ns
+    if testbed.kubectl("get", "namespace", ns, "--ignore-not-found", check=False).strip():
+        delete_clusters(testbed, ns)
+        testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
-            # The same name again: watched again, with nothing of the old
-            # cluster left in the operator's memory.
-            _created(testbed, ns)
-            _serve(testbed, ns)
-            status = get_json(testbed, "vllmcluster", NAME, "-n", ns)["status"]
-            assert status["readyReplicas"] == 1
-    finally:
-        if testbed.kubectl("get", "namespace", ns, "--ignore-not-found", check=False).strip():
-            delete_clusters(testbed, ns)
-            testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+@pytest.mark.parametrize("watch", ["name", "glob"])
+def test_a_namespace_deleted_with_a_serving_cluster_goes_and_comes_back_served(
+    testbed: Testbed, team_ns: str, tmp_path: Path, watch: str
+) -> None:
+    ns, log = team_ns, tmp_path / "operator.log"
+    with operator(testbed, log, namespaces=[ns if watch == "name" else f"{PATTERN}-*"]):
+        _serve(testbed, ns)
+        testbed.kubectl("delete", "namespace", ns, f"--timeout={GONE_SECONDS}s")
+        assert not testbed.kubectl("get", "namespace", ns, "--ignore-not-found").strip()
+        released = [line for line in log.read_text().splitlines() if "released" in line]
+        assert any(f"{ns}/{NAME}" in line for line in released), released
+
+        # The same name again: watched again, with nothing of the old
+        # cluster left in the operator's memory.
+        _created(testbed, ns)
+        _serve(testbed, ns)
+        status = get_json(testbed, "vllmcluster", NAME, "-n", ns)["status"]
+        assert status["readyReplicas"] == 1
 
 
 def test_an_operator_started_while_a_namespace_is_deleted_lets_it_go(
-    testbed: Testbed, tmp_path: Path
+    testbed: Testbed, team_ns: str, tmp_path: Path
 ) -> None:
     """The namespace deleted while the operator is down (a rollout of the
     operator, say): its VLLMCluster waits, deleted, for the finalizer to come
     off. The operator started again releases it, though kopf does not watch a
     namespace that is already being deleted."""
-    install_crd(testbed)
-    ns = f"{PATTERN}-{uuid.uuid4().hex[:6]}"
-    _created(testbed, ns)
-    log = tmp_path / "operator.log"
-    try:
-        with operator(testbed, log, namespaces=[ns]):
-            _serve(testbed, ns)
-        testbed.kubectl("delete", "namespace", ns, "--wait=false")
-        wait_for(
-            lambda: get_json(testbed, "vllmcluster", NAME, "-n", ns)["metadata"].get(
-                "deletionTimestamp"
-            ),
-            what=f"VLLMCluster {NAME} deleted with {ns}",
-        )
-        time.sleep(3)  # and still there: only the operator takes the finalizer off
-        assert get_json(testbed, "vllmcluster", NAME, "-n", ns)["metadata"]["finalizers"]
-        with operator(testbed, log, namespaces=[ns]):
-            testbed.kubectl("wait", "--for=delete", f"namespace/{ns}", f"--timeout={GONE_SECONDS}s")
-    finally:
-        if testbed.kubectl("get", "namespace", ns, "--ignore-not-found", check=False).strip():
-            delete_clusters(testbed, ns)
-            testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    ns, log = team_ns, tmp_path / "operator.log"
+    with operator(testbed, log, namespaces=[ns]):
+        _serve(testbed, ns)
+    testbed.kubectl("delete", "namespace", ns, "--wait=false")
+    wait_for(
+        lambda: get_json(testbed, "vllmcluster", NAME, "-n", ns)["metadata"].get(
+            "deletionTimestamp"
+        ),
+        what=f"VLLMCluster {NAME} deleted with {ns}",
+    )
+    time.sleep(3)  # and still there: only the operator takes the finalizer off
+    assert get_json(testbed, "vllmcluster", NAME, "-n", ns)["metadata"]["finalizers"]
+    with operator(testbed, log, namespaces=[ns]):
+        testbed.kubectl("wait", "--for=delete", f"namespace/{ns}", f"--timeout={GONE_SECONDS}s")
 
 
 def test_the_crd_deleted_with_clusters_left_goes_and_takes_their_fleets(
-    testbed: Testbed, tmp_path: Path
+    testbed: Testbed, team_ns: str, tmp_path: Path
 ) -> None:
-    install_crd(testbed)
-    ns = f"{PATTERN}-{uuid.uuid4().hex[:6]}"
-    _created(testbed, ns)
+    ns = team_ns
     try:
         with operator(testbed, tmp_path / "operator.log", namespaces=[f"{PATTERN}-*"]):
             _serve(testbed, ns)
@@ -141,4 +134,3 @@ def test_the_crd_deleted_with_clusters_left_goes_and_takes_their_fleets(
         )
         testbed.kubectl("wait", "--for=delete", f"crd/{CRD_NAME}", "--timeout=60s", check=False)
         install_crd(testbed)
-        testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
