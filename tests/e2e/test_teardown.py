@@ -78,8 +78,8 @@ def test_a_namespace_deleted_with_a_serving_cluster_goes_and_comes_back_served(
         _serve(testbed, ns)
         testbed.kubectl("delete", "namespace", ns, f"--timeout={GONE_SECONDS}s")
         assert not testbed.kubectl("get", "namespace", ns, "--ignore-not-found").strip()
-        released = [line for line in log.read_text().splitlines() if "released" in line]
-        assert any(f"{ns}/{NAME}" in line for line in released), released
+        # Who took the finalizer off is a race: kopf, when it saw the
+        # VLLMCluster deleted before it stopped watching (rarely), or shoal.
 
         # The same name again: watched again, with nothing of the old
         # cluster left in the operator's memory.
