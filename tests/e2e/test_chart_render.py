@@ -124,7 +124,7 @@ def test_monitoring_values_add_monitors_and_a_valid_dashboard() -> None:
     [
         ("operator.logLevel=LOUD", "logLevel"),
         ("image.pullPolicy=Sometimes", "pullPolicy"),
-        ("operator.replicas=2", "replicas"),
+        ("operator.replicas=-1", "replicas"),
         ("operator.livenessPort=99999", "livenessPort"),
         # Both of the operator's servers on one port: the second could not bind.
         ("operator.metricsPort=8080", "operator.livenessPort and operator.metricsPort"),

@@ -12,8 +12,9 @@ builders `engine`, `router`, `services`, `desired` (with `identity`, `names`,
 (facts -> actions, with `rollout`: deadlines and rollbacks) and `status`
 (facts and actions -> status), with `restarts` and `failures` (containers'
 states -> why, and what to do), `events` (the Events shoal posts), and
-`autoscale` (the routers' demand -> replicas) and `retire` (which
-replicas a fleet keeps: the cheapest to lose go first).
+`autoscale` (the routers' demand -> replicas), `retire` (which
+replicas a fleet keeps: the cheapest to lose go first) and `election`
+(when an operator may take the Lease that lets one act at a time).
 
 I/O: `kube` (the API server), `probes`, `healthloop` and `warming` (the
 engines), `autoscaler` (reads the routers, sets the scale subresource),
@@ -21,6 +22,7 @@ engines), `autoscaler` (reads the routers, sets the scale subresource),
 `finalizer` (takes shoal's finalizer off where kopf cannot),
 `downloads` (the model cache's Job and claim), `handlers` (kopf),
 `context`, `children` (the watched children), `metrics` and `logs`
-(process state), `login` (kopf's credentials), `cli` (`shoal operator`).
+(process state), `login` (kopf's credentials), `lease` (holds the Lease)
+and `leading` (runs kopf only while it is held), `cli` (`shoal operator`).
 
 tests/unit/test_layers.py holds every module of the package to this list."""

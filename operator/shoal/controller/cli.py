@@ -18,6 +18,8 @@ from shoal.apiserver import quiet_request_log
 from shoal.controller.context import ControllerSettings, OperatorContext
 from shoal.controller.handlers import build_registry, build_settings
 from shoal.controller.kube import ApiError, KubeApi
+from shoal.controller.leading import run_holding, waiting_liveness
+from shoal.controller.lease import LeaseLock, LeaseLost, own_identity
 from shoal.controller.metrics import OperatorMetrics
 from shoal.controller.recorder import EventRecorder
 
@@ -53,6 +55,13 @@ def _liveness(text: str) -> str:
     if parts.scheme != "http" or not parts.hostname:
         raise argparse.ArgumentTypeError(f"{text!r} is not a URL like http://0.0.0.0:8080/healthz")
     return text
+
+
+def _lease(text: str) -> tuple[str, str]:
+    namespace, _, name = text.partition("/")
+    if not namespace or not name or "/" in name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAMESPACE/NAME")
+    return namespace, name
 
 
 def port_clash(args: argparse.Namespace) -> str | None:
@@ -96,6 +105,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--standalone",
         action="store_true",
         help="never use kopf peering, even when its resources are installed",
+    )
+    parser.add_argument(
+        "--lease",
+        type=_lease,
+        metavar="NS/NAME",
+        help="act only while holding this coordination.k8s.io Lease (made if missing), "
+        "so that one operator acts at a time: others wait and take over when it goes",
     )
     parser.add_argument(
         "--liveness",
@@ -170,7 +186,8 @@ async def operate(args: argparse.Namespace, metrics: OperatorMetrics) -> None:
         "all namespaces" if clusterwide else f"namespaces {', '.join(namespaces)}",
         "standalone" if standalone else "with kopf peering",
     )
-    await kopf.operator(
+    operator = functools.partial(
+        kopf.operator,
         registry=build_registry(),
         settings=build_settings(standalone=standalone),
         clusterwide=clusterwide,
@@ -178,6 +195,18 @@ async def operate(args: argparse.Namespace, metrics: OperatorMetrics) -> None:
         memo=kopf.Memo(shoal=ctx),
         liveness_endpoint=args.liveness,
     )
+    if args.lease is None:
+        metrics.leading.set(1)
+        await operator()
+        return
+    lock = LeaseLock(kube, *args.lease, identity=own_identity())
+    async with waiting_liveness(args.liveness, lock):
+        await lock.acquire()
+    metrics.leading.set(1)
+    try:
+        await run_holding(lock, operator)
+    finally:
+        metrics.leading.set(0)
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -192,5 +221,11 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         start_servers(args, metrics)
     except OSError as error:
         parser.exit(1, f"{parser.prog}: error: {error}\n")
-    asyncio.run(operate(args, metrics))
+    try:
+        asyncio.run(operate(args, metrics))
+    except LeaseLost as error:
+        # Stopped at once, before any candidate may take it; kubelet restarts
+        # the container, which waits its turn as a new candidate.
+        log.error("%s: stopped so that one operator acts at a time", error)
+        return 1
     return 0

@@ -31,6 +31,8 @@ TIMEOUT = httpx.Timeout(60.0)
 
 # The VLLMCluster kind, beside the built-in kinds kr8s knows.
 VLLMClusterObject = new_class(KIND, API_VERSION, namespaced=True, plural=PLURAL)
+# And Lease, which kr8s 0.20 does not know (shoal.controller.lease).
+LeaseObject = new_class("Lease", "coordination.k8s.io/v1", namespaced=True, plural="leases")
 
 
 class ApiError(Exception):

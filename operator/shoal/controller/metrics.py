@@ -10,7 +10,8 @@ ServiceMonitor honours them, so they are not renamed to exported_namespace):
   start at 0 for each cluster, so the first one is an increase Prometheus can see;
 - per cluster, desired/ready/warm replicas and each condition's status and
   reason, as the last status written says (kube-state-metrics' style: one
-  series per condition with value 1, for its current status and reason).
+  series per condition with value 1, for its current status and reason);
+- whether this operator acts (holds its Lease) or stands by.
 
 A cluster no longer watched has its series removed (`forget`)."""
 
@@ -91,6 +92,12 @@ class OperatorMetrics:
             "shoal_operator_cluster_condition",
             "A VLLMCluster's condition: 1 for its current status and reason.",
             [*CLUSTER_LABELS, "condition", "status", "reason"],
+            registry=self.registry,
+        )
+        self.leading = Gauge(
+            "shoal_operator_leading",
+            "1 while this operator acts: it holds its Lease (or runs without one); "
+            "0 while it stands by.",
             registry=self.registry,
         )
         self._seen: dict[ClusterKey, _Seen] = {}
