@@ -118,6 +118,9 @@ def test_two_operators_under_one_lease_act_once_and_a_standby_takes_over_a_kille
                 holder, transitions = _holder(testbed, ns)
                 assert holder not in ("", first_id) and transitions == 1
                 assert _leading(metrics_b) == 1
+                # kopf's own liveness endpoint now answers on the stand-in's address.
+                answer = httpx.get(f"http://127.0.0.1:{live_b}/healthz", timeout=5)
+                assert answer.status_code == 200 and "waiting" not in answer.text, answer.text
                 assert _created_events(testbed, ns) == [
                     "creating replica 0",
                     "creating replica 1",
