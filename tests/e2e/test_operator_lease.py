@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -72,7 +72,7 @@ def _leading(metrics_port: int) -> float:
     raise AssertionError(f"no shoal_operator_leading in {text[:500]}")
 
 
-def _operator(bed: Testbed, ns: str, log: Path, ports: tuple[int, int]) -> LocalProcess:
+def _operator(bed: Testbed, ns: str, log: Path, ports: Sequence[int]) -> LocalProcess:
     liveness, metrics = ports
     return operator(
         bed,
@@ -104,6 +104,13 @@ def test_two_operators_under_one_lease_act_once_and_a_standby_takes_over_a_kille
                 answer = httpx.get(f"http://127.0.0.1:{live_b}/healthz", timeout=5)
                 assert answer.status_code == 200 and first_id in answer.text, answer.text
                 assert (_leading(metrics_a), _leading(metrics_b)) == (1, 0)
+                # A standby stopped while it waits exits at once, and cleanly.
+                with _operator(testbed, ns, tmp_path / "c.log", free_ports(2)) as third:
+                    wait_for(
+                        lambda: "waiting to take it over" in (tmp_path / "c.log").read_text(),
+                        what="a third operator standing by",
+                    )
+                    assert third.stop() == 0
 
                 apply(testbed, ns, cluster_manifest(NAME, replicas=2, tensor=2))
                 wait_ready(testbed, ns, NAME, 2)

@@ -26,7 +26,10 @@
   the VLLMCluster's status as the kwok stand-in has them: the reason, the
   engine's last words and the fix, from the real kubelet's statuses;
 - an engine pod deleted mid-stream (as a rollout or a node drain stops it)
-  finishes the stream before it exits.
+  finishes the stream before it exits;
+- with `operator.replicas: 2` one operator pod acts, holding the Lease; the
+  standby passes kubelet's liveness probes while it waits, and takes over
+  (and acts) once the acting pod is deleted.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from shoal.api.router import INTERNAL_PORT
 from shoal.controller.names import (
     CONDITION_WARMED,
     ROUTER_PORT,
+    engine_service_name,
     router_name,
     router_selector,
     selector_text,
@@ -715,3 +719,64 @@ def test_an_engine_pod_deleted_mid_stream_finishes_the_stream(
     assert len(lines) == 1500 + 1, len(lines)
     assert ran_on > 1, f"the stream ended {ran_on:.1f} s after the deletion: not a drain"
     node_testbed.kubectl("delete", "vllmcluster", name, "-n", apps, "--wait=false")
+
+
+# kubelet restarts a container after initialDelaySeconds plus failureThreshold
+# failed liveness probes periodSeconds apart (the chart's: 10 + 3 x 20 s).
+LIVENESS_WINDOW_SECONDS = 70
+
+
+def _operator_pods(bed: Testbed, system: str) -> list[dict[str, Any]]:
+    selector = "app.kubernetes.io/component=operator"
+    pods: list[dict[str, Any]] = get_json(bed, "pods", "-n", system, "-l", selector)["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def _lease_holder(bed: Testbed, system: str) -> str:
+    lease = get_json(bed, "lease", "shoal", "-n", system)
+    return str(lease.get("spec", {}).get("holderIdentity") or "")
+
+
+def test_a_standby_operator_lives_beside_the_acting_one_and_takes_over_when_its_pod_goes(
+    fleet: Fleet, shoal_release: str
+) -> None:
+    bed = fleet.bed
+    helm(
+        bed,
+        "upgrade", "shoal", str(REPO / "charts" / "shoal"), "--namespace", shoal_release,
+        "--reuse-values", "--set", "operator.replicas=2", "--wait", "--timeout", "240s",
+    )  # fmt: skip
+    wait_for(
+        lambda: len(_operator_pods(bed, shoal_release)) == 2 and _lease_holder(bed, shoal_release),
+        what="two operator pods, one holding the Lease",
+    )
+    holder = _lease_holder(bed, shoal_release)
+    pods = {p["metadata"]["name"]: p for p in _operator_pods(bed, shoal_release)}
+    acting = next(name for name in pods if holder.startswith(f"{name}_"))
+    (standby,) = set(pods) - {acting}
+    # The standby answers the real kubelet's liveness probes while it waits.
+    started = datetime.datetime.fromisoformat(pods[standby]["status"]["startTime"])
+    alive_for = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
+    time.sleep(max(0.0, LIVENESS_WINDOW_SECONDS + 10 - alive_for))
+    status = get_json(bed, "pod", standby, "-n", shoal_release)["status"]
+    assert status["containerStatuses"][0]["restartCount"] == 0, status
+    # Each probe kubelet counts as failed is an Unhealthy Event.
+    failed = [e["message"] for e in events(bed, shoal_release, standby)]
+    assert not [m for m in failed if "Liveness probe failed" in m], failed
+    assert _lease_holder(bed, shoal_release) == holder
+
+    # The acting pod deleted (a drain, say): it releases the Lease as it stops.
+    bed.kubectl("delete", "pod", acting, "-n", shoal_release, "--wait=false")
+    wait_for(
+        lambda: _lease_holder(bed, shoal_release).startswith(f"{standby}_"),
+        what="the standby holding the Lease",
+        timeout=60,
+    )
+    # And it acts: a child deleted by hand comes back.
+    engines = engine_service_name(fleet.name)
+    bed.kubectl("delete", "service", engines, "-n", fleet.ns)
+    wait_for(
+        lambda: bed.kubectl("get", "service", engines, "-n", fleet.ns, check=False),
+        what=f"Service {engines} made again by the new holder",
+        timeout=60,
+    )

@@ -18,7 +18,7 @@ from shoal.apiserver import quiet_request_log
 from shoal.controller.context import ControllerSettings, OperatorContext
 from shoal.controller.handlers import build_registry, build_settings
 from shoal.controller.kube import ApiError, KubeApi
-from shoal.controller.leading import run_holding, waiting_liveness
+from shoal.controller.leading import run_holding, wait_to_lead, waiting_liveness
 from shoal.controller.lease import LeaseLock, LeaseLost, own_identity
 from shoal.controller.metrics import OperatorMetrics
 from shoal.controller.recorder import EventRecorder
@@ -201,7 +201,8 @@ async def operate(args: argparse.Namespace, metrics: OperatorMetrics) -> None:
         return
     lock = LeaseLock(kube, *args.lease, identity=own_identity())
     async with waiting_liveness(args.liveness, lock):
-        await lock.acquire()
+        if not await wait_to_lead(lock):
+            return
     metrics.leading.set(1)
     try:
         await run_holding(lock, operator)

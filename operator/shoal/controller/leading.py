@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -39,6 +40,29 @@ async def waiting_liveness(url: str | None, lock: LeaseLock) -> AsyncIterator[No
         yield
     finally:
         await runner.cleanup()
+
+
+async def wait_to_lead(lock: LeaseLock) -> bool:
+    """Wait for the Lease; False when stopped first (SIGTERM, SIGINT). kopf
+    handles those signals once it runs; until then a standby must too: as a
+    container's PID 1 it ignores them by default, and kubelet would wait out
+    the grace period to kill it."""
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.ensure_future(lock.acquire())
+    stops = (signal.SIGTERM, signal.SIGINT)
+    for stop in stops:
+        loop.add_signal_handler(stop, waiting.cancel)
+    try:
+        await waiting
+    except asyncio.CancelledError:
+        if not waiting.cancelled():
+            raise  # we were cancelled, not stopped by a signal
+        log.info("stopped while waiting for %s", lock)
+        return False
+    finally:
+        for stop in stops:
+            loop.remove_signal_handler(stop)
+    return True
 
 
 async def run_holding(lock: LeaseLock, operator: Callable[[], Awaitable[None]]) -> None:
