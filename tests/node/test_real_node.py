@@ -765,12 +765,24 @@ def test_a_standby_operator_lives_beside_the_acting_one_and_takes_over_when_its_
     assert not [m for m in failed if "Liveness probe failed" in m], failed
     assert _lease_holder(bed, shoal_release) == holder
 
-    # The acting pod deleted (a drain, say): it releases the Lease as it stops.
+    # The acting pod deleted (a drain, say): it releases the Lease as it stops,
+    # and a waiting operator takes it: the standby, or the pod replacing the
+    # deleted one if it asks first.
     bed.kubectl("delete", "pod", acting, "-n", shoal_release, "--wait=false")
-    wait_for(
-        lambda: _lease_holder(bed, shoal_release).startswith(f"{standby}_"),
-        what="the standby holding the Lease",
+
+    def successor() -> str | None:
+        held = _lease_holder(bed, shoal_release)
+        return held if held and not held.startswith(f"{acting}_") else None
+
+    taken_by = wait_for(
+        successor,
+        what="another operator holding the Lease",
         timeout=60,
+    )
+    live = {p["metadata"]["name"] for p in _operator_pods(bed, shoal_release)} - {acting}
+    assert standby in live and any(taken_by.startswith(f"{name}_") for name in live), (
+        taken_by,
+        live,
     )
     # And it acts: a child deleted by hand comes back.
     engines = engine_service_name(fleet.name)
