@@ -12,11 +12,11 @@ from shoal.controller.identity import Manifest
 
 API_VERSION = "coordination.k8s.io/v1"
 KIND = "Lease"
-# client-go's defaults (controller-runtime's too).
+# client-go's defaults (controller-runtime's too). The holder renews, and a
+# candidate tries again, every RETRY_SECONDS.
 LEASE_SECONDS = 15
 RENEW_DEADLINE_SECONDS = 10
 RETRY_SECONDS = 2
-RENEW_SECONDS = 2
 
 
 @dataclasses.dataclass(frozen=True)

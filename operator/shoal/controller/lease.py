@@ -8,7 +8,7 @@ replicas), or from someone running `shoal operator` beside the chart's.
 A candidate takes the Lease when it is free, released, or its holder has not
 renewed it for its leaseDurationSeconds, timed on the candidate's own clock
 from when it last saw the record change (so clocks need not agree). The
-holder renews it every RENEW_SECONDS, and gives up when it could not for
+holder renews it every RETRY_SECONDS, and gives up when it could not for
 RENEW_DEADLINE_SECONDS, before any candidate may take it. Every write carries
 the resourceVersion it read, so two candidates cannot both win."""
 
@@ -26,7 +26,6 @@ from shoal.controller.election import (
     API_VERSION,
     KIND,
     RENEW_DEADLINE_SECONDS,
-    RENEW_SECONDS,
     RETRY_SECONDS,
     Record,
     claimed,
@@ -144,7 +143,7 @@ class LeaseLock:
         """Renew it until it is lost; then raise LeaseLost."""
         renewed = self._clock()
         while True:
-            await asyncio.sleep(RENEW_SECONDS)
+            await asyncio.sleep(RETRY_SECONDS)
             try:
                 if await self.try_take():
                     renewed = self._clock()
