@@ -173,6 +173,19 @@ def test_router_routes_only_to_ready_pods_and_survives_a_broken_watch(
                 what="router drops deleted eng-1",
                 timeout=30,
             )
+            # Its gate set once its simulator answers, as the operator does (and
+            # as for the first pods above): the testbed's start of the process,
+            # slow after the restart in one CI run, is not the router's to bound.
+            new_ip = wait_for(
+                lambda: get_json(testbed, "pod", "eng-1", "-n", ns)["status"].get("podIP"),
+                what="the new eng-1's IP",
+                timeout=150,
+            )
+            wait_for(
+                functools.partial(_healthy, f"http://{new_ip}:8000/health"),
+                what=f"the new eng-1's simulator at {new_ip}",
+                timeout=150,
+            )
             set_gate(testbed, ns, "eng-1", "True")
             wait_for(
                 lambda: set(placements(url, 4)) == {"eng-1"},
