@@ -39,11 +39,29 @@ out="$cache_root/image/$inputs"
 mkdir -p "$cache_root/image" .testbed
 exec 9>"$cache_root/image/.lock"
 flock 9
+
+# Every source change makes a new key of about 1 GB, so keep only this one and
+# the most recently used others (another clone's testbed may link one): a full
+# disk makes the real node's kubelet remove the images it runs.
+keep_keys=3
+prune_cache() {
+  touch "$out"
+  find "$cache_root/image" -mindepth 1 -maxdepth 1 -type d -regextype posix-extended \
+      -regex '.*/[0-9a-f]{16}' -printf '%T@ %p\n' \
+    | sort -rn | tail -n +$((keep_keys + 1)) | cut -d' ' -f2- \
+    | while read -r old; do log "pruning $old"; rm -rf "$old"; done
+}
+
 if [[ -f "$out/.complete" ]]; then
   log "cached: $out"
   ln -sfn "$out" .testbed/images
+  prune_cache
   exit 0
 fi
+
+# The images this build replaces, removed from buildah's store once saved (each
+# rebuild would otherwise leave a dangling half-gigabyte image behind).
+replaced=$(podman image inspect --format '{{.Id}}' "$engine_image" "$image" 2>/dev/null || true)
 
 # RUN steps in a chroot, not an OCI container: crun refuses to create one on a
 # host whose cgroup v2 hierarchy has controllers while v1 hierarchies are also
@@ -71,5 +89,12 @@ printf '%s\n' "$image" > "$out/shoal.name"
 printf '%s\n' "$engine_image" > "$out/shoal-engine-sim.name"
 touch "$out/.complete"
 ln -sfn "$out" .testbed/images
+current=$(podman image inspect --format '{{.Id}}' "$engine_image" "$image")
+for id in $replaced; do
+  # The engine image first: it is built on the shoal image. One still in use
+  # (a container, a tag of its own) stays.
+  grep -qx "$id" <<<"$current" || podman rmi "$id" >/dev/null 2>&1 || true
+done
+prune_cache
 log "done: $out"
 ls -la "$out" >&2
