@@ -63,6 +63,28 @@ def pause_image(repo: Path) -> str:
     return (node_bin_dir(repo).resolve().parent / "pause.name").read_text().strip()
 
 
+# Free disk the node needs above its kubelet's eviction threshold: the images
+# imported into containerd (about 1 GB), the pods' logs and volumes, and room.
+DISK_HEADROOM = 4 * 2**30
+
+
+def disk_shortfall(path: Path) -> str | None:
+    """Why a real node keeping its data at `path` would run out of disk, or None."""
+    while not path.exists():
+        path = path.parent
+    usage = shutil.disk_usage(path)
+    evicts_below = usage.total * realnode.EVICTION_FREE_PERCENT // 100
+    if usage.free >= evicts_below + DISK_HEADROOM:
+        return None
+    gib = 2**30
+    return (
+        f"{usage.free / gib:.1f} GiB free on the disk of {path}: the real node's kubelet removes"
+        f" its images below {evicts_below / gib:.1f} GiB ({realnode.EVICTION_FREE_PERCENT}%) and"
+        f" the node needs {DISK_HEADROOM // gib} GiB above that. Free some: build caches are in"
+        " ~/.cache/shoal, buildah's images in /var/lib/containers (podman image prune)"
+    )
+
+
 def missing(repo: Path, bin_dir: Path) -> list[str]:
     """What the real node lacks here, in words a `make` target fixes."""
     gaps: list[str] = []

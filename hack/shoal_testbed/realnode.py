@@ -195,6 +195,11 @@ def cni_config(layout: NodeLayout) -> dict[str, Any]:
     }
 
 
+# Below this share of free disk (or inodes) the kubelet removes images, then
+# evicts pods: with `imagePullPolicy: Never` nothing starts again.
+EVICTION_FREE_PERCENT = 1
+
+
 def kubelet_config(layout: NodeLayout, *, ca_file: Path) -> dict[str, Any]:
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -225,9 +230,9 @@ def kubelet_config(layout: NodeLayout, *, ca_file: Path) -> dict[str, Any]:
         # A shared machine's disk and memory are not the node's to defend.
         "evictionHard": {
             "memory.available": "50Mi",
-            "nodefs.available": "1%",
-            "imagefs.available": "1%",
-            "nodefs.inodesFree": "1%",
+            "nodefs.available": f"{EVICTION_FREE_PERCENT}%",
+            "imagefs.available": f"{EVICTION_FREE_PERCENT}%",
+            "nodefs.inodesFree": f"{EVICTION_FREE_PERCENT}%",
         },
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,

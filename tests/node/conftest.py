@@ -26,6 +26,11 @@ def node_testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testbed]:
         missing.append("prometheus-operator's monitor CRDs (make prometheus)")
     require(not missing, f"the real node needs: {'; '.join(missing)}: run `make node-e2e`")
     running = Testbed.attach(Path(os.environ.get("SHOAL_TESTBED_DIR", DEFAULT_DIR)))
+    # Short of disk, the node's kubelet removes the images mid-tier and every
+    # later pod fails to start: say so once, up front.
+    short = nodehost.disk_shortfall(running.dir if running else tmp_path_factory.getbasetemp())
+    if short is not None:
+        pytest.fail(short, pytrace=False)
     if running is not None and running.state is not None and running.state.real_node:
         nodehost.sync_images(running.state.node_layout(), repo=REPO)
         yield running
