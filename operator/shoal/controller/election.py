@@ -49,12 +49,12 @@ def held_by_other(record: Record, *, me: str, unchanged_for: float) -> bool:
 
 def claimed(record: Record | None, *, me: str, now: str) -> dict[str, Any]:
     """The spec that takes (or renews) the Lease for `me`."""
-    ours = record is not None and record.holder == me
-    transitions = 0 if record is None else record.transitions + (0 if ours else 1)
+    renewed = record if record is not None and record.holder == me else None
+    transitions = 0 if record is None else record.transitions + (0 if renewed else 1)
     return {
         "holderIdentity": me,
         "leaseDurationSeconds": LEASE_SECONDS,
-        "acquireTime": record.acquired if ours and record is not None else now,
+        "acquireTime": renewed.acquired if renewed else now,
         "renewTime": now,
         "leaseTransitions": transitions,
     }
