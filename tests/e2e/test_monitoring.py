@@ -288,6 +288,10 @@ def test_prometheus_scrapes_the_operator_routers_and_engines_and_nothing_else(
         f'shoal_operator_cluster_replicas{{namespace="{monitored.apps}", vllmcluster="{FLEET}"}}'
     )
     assert {r["metric"]["state"]: float(r["value"][1]) for r in replicas}["desired"] == 2
+    # What ShoalOperatorNotLeading reads: the release's one operator, under
+    # its own namespace, holds the Lease.
+    leading = prometheus.query(f'shoal_operator_leading{{job="{RELEASE}-metrics"}}')
+    assert [(r["metric"]["namespace"], r["value"][1]) for r in leading] == [(monitored.system, "1")]
 
 
 def _admits(
