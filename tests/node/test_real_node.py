@@ -746,6 +746,17 @@ def _lease_holder(bed: Testbed, system: str) -> str:
     return str(lease.get("spec", {}).get("holderIdentity") or "")
 
 
+def _acts(fleet: Fleet) -> None:
+    """An operator acts on the fleet: a child deleted by hand comes back."""
+    engines = engine_service_name(fleet.name)
+    fleet.bed.kubectl("delete", "service", engines, "-n", fleet.ns)
+    wait_for(
+        lambda: fleet.bed.kubectl("get", "service", engines, "-n", fleet.ns, check=False),
+        what=f"Service {engines} made again by the operator holding the Lease",
+        timeout=60,
+    )
+
+
 def _restarts(pods: list[dict[str, Any]]) -> dict[str, int]:
     """Each pod's container restarts, by pod UID."""
     return {
@@ -796,14 +807,7 @@ def test_the_control_plane_away_past_the_renew_deadline_stops_nothing_that_serve
     assert last["exitCode"] == 1, last
     after = _restarts(leader_pods(bed, fleet.ns, fleet.name) + fleet.routers())
     assert after == before, (before, after)
-    # And it acts again: a child deleted by hand comes back.
-    engines = engine_service_name(fleet.name)
-    bed.kubectl("delete", "service", engines, "-n", fleet.ns)
-    wait_for(
-        lambda: bed.kubectl("get", "service", engines, "-n", fleet.ns, check=False),
-        what=f"Service {engines} made again by the restarted operator",
-        timeout=60,
-    )
+    _acts(fleet)
 
 
 def test_a_standby_operator_lives_beside_the_acting_one_and_takes_over_when_its_pod_goes(
@@ -853,11 +857,4 @@ def test_a_standby_operator_lives_beside_the_acting_one_and_takes_over_when_its_
         taken_by,
         live,
     )
-    # And it acts: a child deleted by hand comes back.
-    engines = engine_service_name(fleet.name)
-    bed.kubectl("delete", "service", engines, "-n", fleet.ns)
-    wait_for(
-        lambda: bed.kubectl("get", "service", engines, "-n", fleet.ns, check=False),
-        what=f"Service {engines} made again by the new holder",
-        timeout=60,
-    )
+    _acts(fleet)
