@@ -16,13 +16,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from shoal.controller.election import API_VERSION, KIND
 from shoal.controller.kube import KubeApi
 from shoal.controller.lease import LeaseLock
-from shoal.procs import LocalProcess, free_ports
+from shoal.procs import LocalProcess, free_ports, start_operator
 from shoal_testbed.cluster import Testbed
+from tests.e2e.blackhole import Blackhole
 from tests.e2e.kube import apply, namespace, wait_for
 from tests.e2e.operator_env import (
     cluster_manifest,
@@ -51,6 +53,10 @@ def _holder(bed: Testbed, ns: str) -> tuple[str, int]:
     found = bed.kubectl("get", "lease", LEASE, "-n", ns, "-o", "json", check=False)
     spec = json.loads(found).get("spec", {}) if found else {}
     return spec.get("holderIdentity", ""), spec.get("leaseTransitions", 0)
+
+
+def _renewed(bed: Testbed, ns: str) -> str:
+    return bed.kubectl("get", "lease", LEASE, "-n", ns, "-o", "jsonpath={.spec.renewTime}")
 
 
 def _created_events(bed: Testbed, ns: str) -> list[str]:
@@ -154,6 +160,79 @@ def test_an_operator_whose_lease_another_takes_stops_at_once(
     assert "lost: elsewhere holds it: stopped so that one operator acts at a time" in (
         log.read_text()
     ), log.read_text()[-2000:]
+
+
+def test_a_stopped_operator_releases_the_lease_that_others_relabelled(
+    testbed: Testbed, ns: str, tmp_path: Path
+) -> None:
+    """`helm upgrade` writes the Lease's labels (the chart's version among
+    them) as it replaces the operator's pod: a release that carried the
+    version of the operator's own last write was refused, and the next
+    operator waited out the 15 s lease."""
+    with _operator(testbed, ns, tmp_path / "operator.log", free_ports(2)) as acting:
+        wait_for(lambda: _holder(testbed, ns)[0], what="the operator holds the Lease")
+        # Just after a renewal, so that the next is 2 s away.
+        renewed = _renewed(testbed, ns)
+        wait_for(lambda: _renewed(testbed, ns) != renewed, what="a renewal", interval=0.05)
+        testbed.kubectl("label", "lease", LEASE, "-n", ns, "upgraded=yes")
+        assert acting.stop() == 0
+    assert _holder(testbed, ns)[0] == "", (tmp_path / "operator.log").read_text()[-2000:]
+
+
+def _through(bed: Testbed, port: int, path: Path) -> Path:
+    """The admin kubeconfig, its API server reached through 127.0.0.1:port."""
+    config = yaml.safe_load(bed.kubeconfig.read_text())
+    for entry in config["clusters"]:
+        entry["cluster"]["server"] = f"https://127.0.0.1:{port}"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_an_operator_whose_api_server_stops_answering_stops_before_a_standby_may_take_over(
+    testbed: Testbed, ns: str, tmp_path: Path
+) -> None:
+    """Its connections to the API server hang (a blackholed route, a control
+    plane half there): it cannot renew, and each request would wait out its
+    own timeout (60 s). A standby that still reaches the API server takes the
+    Lease once it has gone unrenewed for 15 s, so the holder must have
+    stopped by then: each renewal is cut off at the renew deadline (10 s)."""
+    assert testbed.state is not None
+    log = tmp_path / "holder.log"
+    liveness, metrics = free_ports(2)
+    with Blackhole(("127.0.0.1", testbed.state.apiserver_port)) as route:
+        holder = start_operator(
+            kubeconfig=_through(testbed, route.port, tmp_path / "kubeconfig"),
+            namespaces=[ns],
+            log=log,
+            args=[
+                f"--lease={ns}/{LEASE}",
+                f"--liveness=http://127.0.0.1:{liveness}/healthz",
+                f"--metrics-port={metrics}",
+            ],
+        )
+        with holder:
+            wait_for(lambda: _holder(testbed, ns)[0], what="the operator holds the Lease")
+            first_id = _holder(testbed, ns)[0]
+            standby_log = tmp_path / "standby.log"
+            with _operator(testbed, ns, standby_log, free_ports(2)) as standby:
+                wait_for(
+                    lambda: "waiting to take it over" in standby_log.read_text(),
+                    what="the standby waiting",
+                )
+                route.cut()
+                stopped: list[bool] = []
+
+                def taken() -> str | None:
+                    stopped.append(not holder.alive())
+                    held = _holder(testbed, ns)[0]
+                    return held if held not in ("", first_id) else None
+
+                wait_for(taken, what="the standby holding the Lease", timeout=90, interval=0.2)
+                # Stopped before the standby took over, not after.
+                assert stopped[-1], log.read_text()[-2000:]
+                assert holder.wait_exit(timeout=1) == 1
+                assert standby.alive()
+    assert "within the renew deadline" in log.read_text(), log.read_text()[-2000:]
 
 
 def test_two_candidates_for_a_free_lease_cannot_both_take_it(testbed: Testbed, ns: str) -> None:

@@ -43,6 +43,12 @@ def _now() -> str:
     return micro_time(datetime.datetime.now(datetime.UTC))
 
 
+# Reads and writes a release may take when others write the Lease meanwhile,
+# and how long: a stopping pod must not wait on an API server that hangs.
+RELEASE_TRIES = 3
+RELEASE_SECONDS = 5.0
+
+
 def own_identity() -> str:
     """The pod's name (its hostname) and a random part: a restarted container
     is a new candidate, not the holder it replaced."""
@@ -68,6 +74,7 @@ class LeaseLock:
         self._seen: Record | None = None
         self._seen_at = 0.0
         self._version: str | None = None  # of our own last write
+        self._held_since = 0.0  # when our last successful write was sent
 
     @property
     def holder(self) -> str | None:
@@ -124,12 +131,21 @@ class LeaseLock:
         log.info("%s created and taken as %s", self, self.identity)
         return True
 
+    async def _attempt(self) -> bool:
+        """try_take, timing a success from before the request: candidates
+        time our term from when they see the write, which cannot be earlier."""
+        sent = self._clock()
+        if not await self.try_take():
+            return False
+        self._held_since = sent
+        return True
+
     async def acquire(self) -> None:
         """Wait until we hold it."""
         waiting_for: str | None = None
         while True:
             try:
-                if await self.try_take():
+                if await self._attempt():
                     return
             except (ApiError, OSError) as error:
                 log.warning("%s: %s; trying again", self, error)
@@ -140,34 +156,56 @@ class LeaseLock:
             await asyncio.sleep(RETRY_SECONDS)
 
     async def hold(self) -> None:
-        """Renew it until it is lost; then raise LeaseLost."""
-        renewed = self._clock()
+        """Renew it until it is lost; then raise LeaseLost. As client-go's,
+        every attempt is cut off at the renew deadline: a request that hangs
+        (a blackholed connection) must not keep us acting until a candidate
+        takes over."""
         while True:
             await asyncio.sleep(RETRY_SECONDS)
+            left = self._held_since + RENEW_DEADLINE_SECONDS - self._clock()
             try:
-                if await self.try_take():
-                    renewed = self._clock()
-                    continue
+                async with asyncio.timeout(max(left, 0.0)):
+                    if await self._attempt():
+                        continue
                 why = f"{self.holder or 'another operator'} holds it"
+            except TimeoutError:
+                why = f"not renewed within the renew deadline ({RENEW_DEADLINE_SECONDS} s)"
             except (ApiError, OSError) as error:
                 why = str(error)
             taken = self.holder not in (None, "", self.identity)
-            if taken or self._clock() - renewed >= RENEW_DEADLINE_SECONDS:
+            if taken or self._clock() - self._held_since >= RENEW_DEADLINE_SECONDS:
                 raise LeaseLost(f"{self} lost: {why}")
             log.warning("%s not renewed: %s; trying again", self, why)
 
     async def release(self) -> None:
-        """Let a successor take it at once, if it is still ours as we wrote it."""
+        """Let a successor take it at once, if it is still ours. Read first:
+        others write the Lease too (`helm upgrade` its labels, as it replaces
+        our pod), and a write carrying our own last version would be refused."""
         if self._version is None:
             return
-        body = {
-            "metadata": {"resourceVersion": self._version},
-            "spec": {"holderIdentity": None, "leaseDurationSeconds": 1},
-        }
         try:
-            await self.kube.patch(API_VERSION, KIND, self.namespace, self.name, body)
-        except (ApiError, OSError) as error:
-            # Taken meanwhile, or unreachable: it expires by itself.
-            log.info("%s not released: %s", self, error)
+            async with asyncio.timeout(RELEASE_SECONDS):
+                await self._release()
+        except (ApiError, OSError) as error:  # TimeoutError is one
+            # Unreachable or refused: it expires by itself.
+            log.info("%s not released: %s", self, str(error) or "no answer in time")
+
+    async def _release(self) -> None:
+        for _ in range(RELEASE_TRIES):
+            lease = await self.kube.get(API_VERSION, KIND, self.namespace, self.name)
+            if lease is None or record_of(lease).holder != self.identity:
+                log.info("%s not released: no longer ours", self)
+                return
+            body = {
+                "metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
+                "spec": {"holderIdentity": None, "leaseDurationSeconds": 1},
+            }
+            try:
+                await self.kube.patch(API_VERSION, KIND, self.namespace, self.name, body)
+            except ApiError as error:
+                if error.status == 409:  # written meanwhile: read again
+                    continue
+                raise
+            log.info("%s released", self)
             return
-        log.info("%s released", self)
+        log.info("%s not released: it kept changing", self)
