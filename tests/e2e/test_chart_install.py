@@ -228,6 +228,18 @@ def test_helm_install_upgrade_test_uninstall_and_least_privilege(
         "get", *deployment, "-o", "jsonpath={.spec.template.spec.containers[0].args}"
     )
     assert "--log-level=DEBUG" in args
+
+    # The Lease deleted by hand (a cleanup script, a mistaken `kubectl delete
+    # lease --all`): the operator makes it again and acts on.
+    testbed.kubectl("delete", "lease", "shoal", "-n", system)
+    wait_for(
+        lambda: testbed.kubectl(
+            "get", "lease", "shoal", "-n", system, "-o", "jsonpath={.spec.holderIdentity}",
+            check=False,
+        ),
+        what="the Lease made again and held",
+        timeout=60,
+    )  # fmt: skip
     testbed.kubectl("scale", "vlc/fleet", "--replicas=1", "-n", apps)
     wait_ready(testbed, apps, "fleet", 1, timeout=180)
 
