@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shoal.controller.election import API_VERSION, KIND
 from shoal.controller.kube import KubeApi
+from shoal.controller.leading import wait_to_lead
 from shoal.controller.lease import LeaseLock
 from shoal.procs import LocalProcess, free_ports, start_operator
 from shoal_testbed.cluster import Testbed
@@ -254,3 +255,25 @@ def test_two_candidates_for_a_free_lease_cannot_both_take_it(testbed: Testbed, n
 
     assert asyncio.run(race()) == [True, False]
     assert _holder(testbed, ns) == ("first", 1)
+
+
+def test_an_operator_stopped_as_it_takes_the_lease_leaves_it_free(
+    testbed: Testbed, ns: str
+) -> None:
+    """A stop (SIGTERM: a rollout, a drain) that comes as the Lease is taken
+    wins, and the Lease taken meanwhile is released: kopf does not start, and
+    a successor need not wait out 15 s."""
+
+    async def stopped_as_taken() -> bool:
+        kube = KubeApi(kubeconfig=str(testbed.kubeconfig))
+        try:
+            lock = LeaseLock(kube, ns, LEASE, identity="stopping")
+            await lock.acquire()
+            stop = asyncio.Event()
+            stop.set()
+            return await wait_to_lead(lock, stop)
+        finally:
+            await kube.close()
+
+    assert asyncio.run(stopped_as_taken()) is False
+    assert _holder(testbed, ns) == ("", 0)

@@ -18,7 +18,12 @@ from shoal.apiserver import quiet_request_log
 from shoal.controller.context import ControllerSettings, OperatorContext
 from shoal.controller.handlers import build_registry, build_settings
 from shoal.controller.kube import ApiError, KubeApi
-from shoal.controller.leading import run_holding, wait_to_lead, waiting_liveness
+from shoal.controller.leading import (
+    run_holding,
+    stop_on_signals,
+    wait_to_lead,
+    waiting_liveness,
+)
 from shoal.controller.lease import LeaseLock, LeaseLost, own_identity
 from shoal.controller.metrics import OperatorMetrics
 from shoal.controller.recorder import EventRecorder
@@ -200,12 +205,13 @@ async def operate(args: argparse.Namespace, metrics: OperatorMetrics) -> None:
         await operator()
         return
     lock = LeaseLock(kube, *args.lease, identity=own_identity())
+    stop = stop_on_signals()
     async with waiting_liveness(args.liveness, lock):
-        if not await wait_to_lead(lock):
+        if not await wait_to_lead(lock, stop):
             return
     metrics.leading.set(1)
     try:
-        await run_holding(lock, operator)
+        await run_holding(lock, functools.partial(operator, stop_flag=stop))
     finally:
         metrics.leading.set(0)
 

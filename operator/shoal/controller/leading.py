@@ -42,26 +42,36 @@ async def waiting_liveness(url: str | None, lock: LeaseLock) -> AsyncIterator[No
         await runner.cleanup()
 
 
-async def wait_to_lead(lock: LeaseLock) -> bool:
-    """Wait for the Lease; False when stopped first (SIGTERM, SIGINT). kopf
-    handles those signals once it runs; until then a standby must too: as a
-    container's PID 1 it ignores them by default, and kubelet would wait out
-    the grace period to kill it."""
+def stop_on_signals() -> asyncio.Event:
+    """An Event that SIGTERM and SIGINT set from now on, to be kopf's stop
+    flag too. A standby must handle them itself: as a container's PID 1 it
+    ignores them by default, and kubelet would wait out the grace period. And
+    one handler from here until kopf puts its own in place leaves no moment
+    at which a signal is lost (kopf would then run until killed, the Lease
+    unreleased)."""
+    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    return stop
+
+
+async def wait_to_lead(lock: LeaseLock, stop: asyncio.Event) -> bool:
+    """Wait for the Lease; False when stopped first, the Lease released if
+    taken meanwhile."""
     waiting = asyncio.ensure_future(lock.acquire())
-    stops = (signal.SIGTERM, signal.SIGINT)
-    for stop in stops:
-        loop.add_signal_handler(stop, waiting.cancel)
+    stopping = asyncio.ensure_future(stop.wait())
     try:
-        await waiting
-    except asyncio.CancelledError:
-        if not waiting.cancelled():
-            raise  # we were cancelled, not stopped by a signal
-        log.info("stopped while waiting for %s", lock)
-        return False
+        await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for stop in stops:
-            loop.remove_signal_handler(stop)
+        for task in (waiting, stopping):
+            task.cancel()
+        await asyncio.gather(waiting, stopping, return_exceptions=True)
+    if stop.is_set():
+        log.info("stopped while waiting for %s", lock)
+        await lock.release()
+        return False
+    waiting.result()
     return True
 
 

@@ -73,7 +73,6 @@ class LeaseLock:
         self._clock = clock
         self._seen: Record | None = None
         self._seen_at = 0.0
-        self._version: str | None = None  # of our own last write
         self._held_since = 0.0  # when our last successful write was sent
 
     @property
@@ -104,12 +103,11 @@ class LeaseLock:
             "spec": claimed(record, me=self.identity, now=_now()),
         }
         try:
-            written = await self.kube.patch(API_VERSION, KIND, self.namespace, self.name, body)
+            await self.kube.patch(API_VERSION, KIND, self.namespace, self.name, body)
         except ApiError as error:
             if error.status == 409:  # another wrote it first: read again
                 return False
             raise
-        self._version = written["metadata"]["resourceVersion"]
         if record.holder != self.identity:
             log.info("%s taken as %s (it was %s)", self, self.identity, record.holder or "free")
         return True
@@ -122,12 +120,11 @@ class LeaseLock:
             "spec": claimed(None, me=self.identity, now=_now()),
         }
         try:
-            created = await self.kube.create(manifest)
+            await self.kube.create(manifest)
         except ApiError as error:
             if error.status == 409:
                 return False
             raise
-        self._version = created["metadata"]["resourceVersion"]
         log.info("%s created and taken as %s", self, self.identity)
         return True
 
@@ -180,9 +177,9 @@ class LeaseLock:
     async def release(self) -> None:
         """Let a successor take it at once, if it is still ours. Read first:
         others write the Lease too (`helm upgrade` its labels, as it replaces
-        our pod), and a write carrying our own last version would be refused."""
-        if self._version is None:
-            return
+        our pod), and a write carrying our own last version would be refused.
+        Read even with no write of ours seen: one cut off as we stopped may
+        have taken it."""
         try:
             async with asyncio.timeout(RELEASE_SECONDS):
                 await self._release()
@@ -194,7 +191,7 @@ class LeaseLock:
         for _ in range(RELEASE_TRIES):
             lease = await self.kube.get(API_VERSION, KIND, self.namespace, self.name)
             if lease is None or record_of(lease).holder != self.identity:
-                log.info("%s not released: no longer ours", self)
+                log.debug("%s not ours to release", self)
                 return
             body = {
                 "metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
