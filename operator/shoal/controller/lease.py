@@ -84,11 +84,15 @@ class LeaseLock:
         return f"Lease {self.namespace}/{self.name}"
 
     async def try_take(self) -> bool:
-        """One attempt to take or renew it; whether we hold it now."""
+        """One attempt to take or renew it; whether we hold it now. A success
+        is timed from before the request: candidates time our term from when
+        they see the write, which cannot be earlier."""
+        sent = self._clock()
         lease = await self.kube.get(API_VERSION, KIND, self.namespace, self.name)
-        if lease is None:
-            return await self._create()
-        return await self.write_claim(lease)
+        held = await self._create() if lease is None else await self.write_claim(lease)
+        if held:
+            self._held_since = sent
+        return held
 
     async def write_claim(self, lease: Manifest) -> bool:
         """Take or renew the Lease as read, unless another live operator holds
@@ -128,21 +132,12 @@ class LeaseLock:
         log.info("%s created and taken as %s", self, self.identity)
         return True
 
-    async def _attempt(self) -> bool:
-        """try_take, timing a success from before the request: candidates
-        time our term from when they see the write, which cannot be earlier."""
-        sent = self._clock()
-        if not await self.try_take():
-            return False
-        self._held_since = sent
-        return True
-
     async def acquire(self) -> None:
         """Wait until we hold it."""
         waiting_for: str | None = None
         while True:
             try:
-                if await self._attempt():
+                if await self.try_take():
                     return
             except (ApiError, OSError) as error:
                 log.warning("%s: %s; trying again", self, error)
@@ -162,7 +157,7 @@ class LeaseLock:
             left = self._held_since + RENEW_DEADLINE_SECONDS - self._clock()
             try:
                 async with asyncio.timeout(max(left, 0.0)):
-                    if await self._attempt():
+                    if await self.try_take():
                         continue
                 why = f"{self.holder or 'another operator'} holds it"
             except TimeoutError:
