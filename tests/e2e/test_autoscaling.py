@@ -236,20 +236,17 @@ def test_a_steady_load_near_a_threshold_does_not_flap(testbed: Testbed, ns: str)
     assert "ScaledUp" not in found and "ScaledDown" not in found, found
 
 
-def test_an_hpa_targeting_the_cluster_makes_the_autoscaler_stand_aside(
-    testbed: Testbed, ns: str
-) -> None:
-    autoscaling = {"minReplicas": 1, "maxReplicas": 3, "targetPerReplica": 2}
-    apply(testbed, ns, cluster_manifest("aside", replicas=1, autoscaling=autoscaling))
-    hpa = {
+def hpa_for(name: str) -> dict[str, Any]:
+    """An HPA (named `name`-hpa) that scales the cluster `name`."""
+    return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
-        "metadata": {"name": "aside-hpa"},
+        "metadata": {"name": f"{name}-hpa"},
         "spec": {
             "scaleTargetRef": {
                 "apiVersion": "serving.shoal.dev/v1alpha1",
                 "kind": "VLLMCluster",
-                "name": "aside",
+                "name": name,
             },
             "minReplicas": 1,
             "maxReplicas": 3,
@@ -264,7 +261,14 @@ def test_an_hpa_targeting_the_cluster_makes_the_autoscaler_stand_aside(
             ],
         },
     }
-    apply(testbed, ns, hpa)
+
+
+def test_an_hpa_targeting_the_cluster_makes_the_autoscaler_stand_aside(
+    testbed: Testbed, ns: str
+) -> None:
+    autoscaling = {"minReplicas": 1, "maxReplicas": 3, "targetPerReplica": 2}
+    apply(testbed, ns, cluster_manifest("aside", replicas=1, autoscaling=autoscaling))
+    apply(testbed, ns, hpa_for("aside"))
     status = wait_for(
         lambda: (s := autoscaling_status(testbed, ns, "aside")).get("stoodAsideFor") and s,
         what="status.autoscaling naming the HPA",

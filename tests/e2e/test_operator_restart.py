@@ -141,3 +141,50 @@ def test_a_restarted_operator_keeps_a_spent_restart_budget(
                 delete_clusters(testbed, ns)
         finally:
             delete_clusters(testbed, ns)
+
+
+def test_a_restarted_operator_leaves_an_idle_fleet_at_zero_and_clears_a_gone_hpa(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """Before: a new operator knew no last request, so it started a replica
+    of every fleet at zero (and held it for idleSeconds); and it never
+    nulled stoodAsideFor, which only the process before it had written."""
+    from shoal.controller.autoscaler import PERIOD_SECONDS as AUTOSCALE_PERIOD
+    from tests.e2e.test_autoscaling import autoscaling_status, hpa_for
+
+    install_crd(testbed)
+    log = tmp_path / "operator.log"
+    at_zero = {"minReplicas": 0, "maxReplicas": 2, "targetPerReplica": 2, "idleSeconds": 600}
+    aside = {"minReplicas": 1, "maxReplicas": 3, "targetPerReplica": 2}
+
+    with namespace(testbed, PATTERN) as ns:
+        try:
+            apply(testbed, ns, cluster_manifest("idle", replicas=0, autoscaling=at_zero))
+            apply(testbed, ns, cluster_manifest("aside", replicas=1, autoscaling=aside))
+            apply(testbed, ns, hpa_for("aside"))
+            for _ in range(2):
+                with operator(testbed, log, namespaces=[f"{PATTERN}-*"]):
+                    wait_for(
+                        lambda: autoscaling_status(testbed, ns, "aside").get("stoodAsideFor"),
+                        what="status.autoscaling naming the HPA",
+                        timeout=30,
+                    )
+                    # Rounds enough for a first round's scale-up to show.
+                    wait_for(
+                        lambda: autoscaling_status(testbed, ns, "idle").get("routers") == 2,
+                        what="both routers of the fleet at zero read",
+                        timeout=60,
+                    )
+                    time.sleep(4 * AUTOSCALE_PERIOD)
+                    spec = get_json(testbed, "vllmcluster", "idle", "-n", ns)["spec"]
+                    assert spec["replicas"] == 0, autoscaling_status(testbed, ns, "idle")
+            with operator(testbed, log, namespaces=[f"{PATTERN}-*"]):
+                testbed.kubectl("delete", "hpa", "aside-hpa", "-n", ns)
+                wait_for(
+                    lambda: "stoodAsideFor" not in autoscaling_status(testbed, ns, "aside"),
+                    what="stoodAsideFor gone once the HPA is, after a restart",
+                    timeout=30,
+                )
+                delete_clusters(testbed, ns)
+        finally:
+            delete_clusters(testbed, ns)

@@ -24,6 +24,7 @@ from shoal.controller.autoscale import (
     parse_router_demand,
     total_demand,
 )
+from shoal.controller.autoscaler import status_patch
 
 POLICY = ScalePolicy(
     min_replicas=0,
@@ -292,3 +293,59 @@ def test_whatever_finite_counts_routers_report_the_decision_stays_within_bounds(
         POLICY, demand=demand, current=current, memory=ScaleMemory(), now=1000.0
     )
     assert POLICY.min_replicas <= decision.desired <= POLICY.max_replicas
+
+
+def test_a_fleet_at_zero_stays_there_when_a_restarted_operator_sees_no_demand() -> None:
+    # An operator restart (a helm upgrade, a Lease failover) forgets when the
+    # fleet was last active: at zero with nothing asked, there is nothing to
+    # keep one replica for (before: every idle fleet started a replica, and
+    # held it for idleSeconds).
+    assert counts(run([0] * 30, current=0, memory=ScaleMemory())) == [0] * 30
+    # A request at zero still starts one at once.
+    assert counts(run([0, 3], current=0, memory=ScaleMemory())) == [0, 1]
+
+
+def test_a_silent_router_does_not_wake_a_fleet_at_zero() -> None:
+    # Its demand is unknown, not 0: it holds scale-downs, but starting a
+    # replica is for demand someone saw (before: 0 -> 1 -> 0 each time one
+    # router answered and the next round it did not).
+    idle = ScaleMemory(last_active=0.0, started=0.0)
+    assert counts(run([0] * 6, current=0, silent=1, memory=idle)) == [0] * 6
+
+
+def test_a_router_that_misses_a_scrape_keeps_its_count_for_the_next() -> None:
+    # Before: its count was forgotten, so the requests it answered between
+    # the scrapes around the missed one were not seen, and steady short
+    # requests through it read as idle.
+    seen = RouterDemand(in_flight=0, queued=0, answered=5)
+    later = RouterDemand(in_flight=0, queued=0, answered=8)
+    other = RouterDemand(in_flight=0, queued=0, answered=1)
+    _, counted = total_demand({"a": seen, "b": other}, {})
+    _, counted = total_demand({"a": None, "b": other}, counted)
+    demand, counted = total_demand({"a": later, "b": other}, counted)
+    assert demand.arrived, demand
+    assert counted == {"a": 8, "b": 1}
+    # A router gone from the list (its pod deleted) is forgotten.
+    _, counted = total_demand({"b": other}, counted)
+    assert counted == {"b": 1}
+
+
+def test_demand_after_a_stretch_with_no_reading_waits_a_whole_down_window() -> None:
+    # Every router silent for longer than the down window, then a low
+    # reading: the count as it was stands for the window, as on a first
+    # round (before: the history had aged out, so it dropped in one round).
+    seen = counts(run([40] + [None] * 20 + [5] * 14, current=1))
+    assert seen[0] == 4 and set(seen[1:21]) == {4}
+    assert seen[21:33] == [4] * 12, seen
+    assert seen[-1] == 1
+
+
+def test_a_first_status_write_nulls_what_an_earlier_operator_may_have_set() -> None:
+    written = {"desiredReplicas": 2, "lastDecision": "Steady"}
+    first = status_patch(None, written)
+    assert first is not None and first["stoodAsideFor"] is None and first["demand"] is None
+    assert {k: v for k, v in first.items() if v is not None} == written
+    # After that, only what this process wrote and no longer sets.
+    later = status_patch({**written, "demand": 3.0}, written)
+    assert later == {**written, "demand": None}
+    assert status_patch(written, None) is None

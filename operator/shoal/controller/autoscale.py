@@ -147,15 +147,18 @@ def total_demand(
     for the next round. A request counts as arrived when a pod's count moved
     (or went down: it restarted)."""
     answered = {uid: found.answered for uid, found in scrapes.items() if found is not None}
+    # A pod that missed this scrape keeps its count, so what it answers
+    # meanwhile is seen at its next; a pod gone from the list is forgotten.
+    counted = {uid: before[uid] for uid in scrapes if uid in before} | answered
     if not answered:
-        return Demand(requests=None, arrived=False), dict(before)
+        return Demand(requests=None, arrived=False), counted
     found = [d for d in scrapes.values() if d is not None]
     arrived = any(uid in before and count != before[uid] for uid, count in answered.items())
     requests = sum(d.in_flight + d.queued for d in found)
     if not math.isfinite(requests):  # each router's finite, their sum not: no reading
-        return Demand(requests=None, arrived=False), dict(before)
+        return Demand(requests=None, arrived=False), counted
     silent = sum(1 for uid, d in scrapes.items() if d is None and uid in ready)
-    return Demand(requests=requests, arrived=arrived, silent=silent), answered
+    return Demand(requests=requests, arrived=arrived, silent=silent), counted
 
 
 def recommend(policy: ScalePolicy, *, demand: float, current: int) -> int:
@@ -192,7 +195,9 @@ def decide_scale(
             current=current,
             desired=bounded,
             raw=None,
-            memory=ScaleMemory(kept, last_active, started),
+            # Left as they are is what it asks for: once routers answer
+            # again, a scale-down still waits a whole down window.
+            memory=ScaleMemory((*kept, (now, current)), last_active, started),
             held=(ScaleReason.NO_SIGNAL, "no router answered /metrics: replicas left as they are"),
         )
     summary = f"demand {demand.requests:g} for {current} replicas (target {policy.target:g} each)"
@@ -217,8 +222,12 @@ def decide_scale(
             recommended=0,
             memory=idle_memory,
         )
-    # Until idle, demand that just ended still keeps one replica.
-    raw = max(recommend(policy, demand=demand.requests, current=current), 1)
+    raw = recommend(policy, demand=demand.requests, current=current)
+    if current > 0 or demand.requests > 0 or demand.arrived:
+        # Until idle, demand that just ended still keeps one replica; a fleet
+        # at zero that nobody asked of has none to keep (a restarted operator
+        # knows no last request, a silent router's demand is unknown).
+        raw = max(raw, 1)
     # A silent router's demand is unknown, not 0: what answered can tell a
     # scale-up, never a scale-down (an HPA counts pods missing metrics as at
     # target when it would scale down). Recorded as the current count, so the

@@ -57,6 +57,8 @@ FIELD_MANAGER = "shoal-autoscaler"
 # waits at most this long before the operator hears of it.
 PERIOD_SECONDS = 2.0
 STATUS_REFRESH_SECONDS = 15.0
+# status.autoscaling's fields, by their names in the CRD.
+EVERY_STATUS_FIELD = tuple(AutoscalingStatus().model_dump(by_alias=True))
 
 # KEDA's ScaledObject, beside the kinds kr8s knows (listed only if installed).
 SCALED_OBJECT_API = "keda.sh/v1alpha1"
@@ -102,7 +104,10 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
     spec, errors = parse(body)
     paused = (meta.get("annotations") or {}).get(ANNOTATION_PAUSED) == "true"
     if spec is None or errors or spec.autoscaling is None or paused:
-        return  # the reconciler reports an invalid spec; a paused cluster is left alone
+        # The reconciler reports an invalid spec; a paused cluster is left
+        # alone. Its windows are forgotten: the next round is a first round.
+        state.memory = ScaleMemory()
+        return
     policy = policy_of(spec)
     current = spec.replicas
     generation = int(meta.get("generation", 0))
@@ -118,8 +123,9 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
             reason=ScaleReason.STOOD_ASIDE,
             message=f"{other} scales this cluster: the built-in autoscaler changes nothing",
             recommended=None,
-            memory=state.memory,
+            memory=ScaleMemory(),  # when it is gone, the first round seeds the windows again
         )
+        state.memory = decision.memory
         demand = Demand(requests=None, arrived=False)
         routers = 0
         in_flight: dict[str, float] = {}
@@ -198,21 +204,30 @@ async def _write(
             before == autoscaling or time.monotonic() - state.written_at < STATUS_REFRESH_SECONDS
         ):
             return
-    # A merge patch keeps fields it does not name: those no longer set are nulled.
-    value: dict[str, Any] | None = None
-    if autoscaling is not None:
-        value = {key: None for key in before or {} if key not in autoscaling}
-        value.update(autoscaling)
     await ctx.kube.patch(
         API_VERSION,
         KIND,
         ref.namespace,
         ref.name,
-        {"status": {"autoscaling": value}},
+        {"status": {"autoscaling": status_patch(before, autoscaling)}},
         subresource="status",
         field_manager=FIELD_MANAGER,
     )
     state.written, state.written_at = autoscaling, time.monotonic()
+
+
+def status_patch(
+    before: Mapping[str, Any] | None, autoscaling: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """The merge patch of status.autoscaling from what this process last
+    wrote (None: nothing yet). A merge patch keeps the fields it does not
+    name, so those no longer set are nulled; before a first write, every
+    field, since a process before this one may have set any (a restarted
+    operator left stoodAsideFor for good)."""
+    if autoscaling is None:
+        return None
+    named = before if before is not None else EVERY_STATUS_FIELD
+    return {key: None for key in named if key not in autoscaling} | dict(autoscaling)
 
 
 async def _other_scaler(
