@@ -685,14 +685,30 @@ def test_a_crash_looping_engine_and_an_image_that_cannot_be_pulled_say_why_on_th
     node_testbed.kubectl("delete", "vllmcluster", "crash", "nopull", "-n", apps, "--wait=false")
 
 
+def _deleted_at(bed: Testbed, ns: str, pod: dict[str, Any], seen: list[float]) -> None:
+    """Appends when the pod is first seen terminating (or gone)."""
+    name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = get_json(bed, "pods", "-n", ns, "--field-selector", f"metadata.name={name}")
+        now = [p for p in found["items"] if p["metadata"]["uid"] == uid]
+        if not now or now[0]["metadata"].get("deletionTimestamp"):
+            seen.append(time.monotonic())
+            return
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("stopped_by", ["kubectl delete", "a rollout"])
 def test_an_engine_pod_deleted_mid_stream_finishes_the_stream(
-    node_testbed: Testbed, apps: str, shoal_release: str
+    node_testbed: Testbed, apps: str, shoal_release: str, stopped_by: str
 ) -> None:
-    # What a rollout or a node drain does to an engine: kubelet stops its pod.
-    # vLLM's default aborts every request it runs; with --shutdown-timeout
-    # (spec.engine.shutdownTimeoutSeconds) they run to their end, the routers
-    # having dropped the terminating pod for new ones.
-    name = "drained"
+    # What a node drain or a rollout does to an engine: its pod is deleted
+    # and kubelet stops it. vLLM's default aborts every request it runs; with
+    # --shutdown-timeout (spec.engine.shutdownTimeoutSeconds) they run to
+    # their end, the routers having dropped the terminating pod for new ones.
+    # A rollout's deletion is the operator's (OnDelete StatefulSets): it gave
+    # every pod a restart's 5 s grace, which cut the stream.
+    name = "drained" if stopped_by == "kubectl delete" else "rolled"
     manifest = on_real_node(name)
     # Slow enough that the stream outlasts the pod's deletion by seconds.
     manifest["spec"]["engine"]["extraArgs"] = ["--sim-time-scale", "2"]
@@ -704,7 +720,8 @@ def test_an_engine_pod_deleted_mid_stream_finishes_the_stream(
     body = {"model": MODEL, "prompt": "a long answer", "max_tokens": 1500, "stream": True}
     body["ignore_eos"] = True
     lines: list[str] = []
-    deleted_at = 0.0
+    deleted: list[float] = []
+    watch = threading.Thread(target=_deleted_at, args=(node_testbed, apps, leader, deleted))
     assert node_testbed.state is not None
     with (
         nodehost.route_to_service(node_testbed.state.node_layout(), cluster_ip),
@@ -715,13 +732,22 @@ def test_an_engine_pod_deleted_mid_stream_finishes_the_stream(
         assert answer.status_code == 200, answer.read()
         for line in answer.iter_lines():
             if line and not lines:
-                node_testbed.kubectl(
-                    "delete", "pod", leader["metadata"]["name"], "-n", apps, "--wait=false"
-                )
-                deleted_at = time.monotonic()
+                watch.start()
+                if stopped_by == "kubectl delete":
+                    node_testbed.kubectl(
+                        "delete", "pod", leader["metadata"]["name"], "-n", apps, "--wait=false"
+                    )
+                else:  # a new template: the operator replaces the pod
+                    roll = {"spec": {"engine": {"env": [{"name": "ROLLED", "value": "1"}]}}}
+                    node_testbed.kubectl(
+                        "patch", "vlc", name, "-n", apps, "--type=merge", "-p", json.dumps(roll)
+                    )
             if line:
                 lines.append(line)
-    ran_on = time.monotonic() - deleted_at
+    ended = time.monotonic()
+    watch.join()
+    assert deleted, "the pod was never deleted"
+    ran_on = ended - deleted[0]
     assert lines[-1] == "data: [DONE]", (ran_on, lines[-3:])
     last = json.loads(lines[-2].removeprefix("data: "))
     assert last["choices"][0]["finish_reason"] == "length", last

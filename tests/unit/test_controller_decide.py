@@ -138,7 +138,10 @@ def test_a_spec_change_replaces_one_replica_at_a_time_lowest_index_first() -> No
     second = decide(
         desired=desired, observed=observed, probes=Probes(), memory=first.memory, now=NOW
     )
-    assert [p.name for p in second.delete_pods] == ["c-r0-0"]
+    # It serves: deleted with its own grace, so its requests drain (before:
+    # with a restart's 5 s, which cut them).
+    assert [p.name for p in second.replace_pods] == ["c-r0-0"]
+    assert not second.delete_pods
     assert applied_names(second) == []
 
     # The new r0 pod exists but is not Ready yet: still nothing else.
@@ -176,7 +179,7 @@ def test_outdated_pods_of_a_multi_node_group_are_replaced_together() -> None:
     )
     observed = Observed(replicas={0: replica}, router=None)
     decision = decide(desired=desired, observed=observed, probes=Probes(), memory=Memory(), now=NOW)
-    assert sorted(p.name for p in decision.delete_pods) == ["c-r0-0", "c-r0-w-1"]
+    assert sorted(p.name for p in decision.replace_pods) == ["c-r0-0", "c-r0-w-1"]
 
 
 def test_scale_down_drains_before_removing_the_highest_replicas() -> None:

@@ -206,4 +206,4 @@ def test_the_old_pod_still_serving_after_the_new_template_is_applied_is_not_the_
     marks = {0: Marks(built_from=spec_text(BAD), last_good=spec_text(GOOD), replaced_at=WALL)}
     decision = run(desired_of(BAD, marks, wall=WALL + 1), observed)
     assert "c-r0" not in decision.marks
-    assert [p.name for p in decision.delete_pods] == ["c-r0-0"]
+    assert [p.name for p in decision.replace_pods] == ["c-r0-0"]  # it serves: it drains

@@ -236,6 +236,9 @@ class Decision:
     apply: list[Manifest] = field(default_factory=list)
     delete_sets: list[SetFacts] = field(default_factory=list)
     delete_pods: list[PodFacts] = field(default_factory=list)  # restarts: RESTART_GRACE_SECONDS
+    # Serving replicas' outdated pods (a rollout): deleted with their own
+    # grace, which covers spec.engine.shutdownTimeoutSeconds, so they drain.
+    replace_pods: list[PodFacts] = field(default_factory=list)
     force_delete: list[PodFacts] = field(default_factory=list)  # grace 0: their node is lost
     gates: list[Gate] = field(default_factory=list)
     stamps: list[tuple[PodFacts, str]] = field(default_factory=list)
@@ -266,6 +269,7 @@ def joined(parts: Iterable[Decision]) -> Decision:
         whole.apply += part.apply
         whole.delete_sets += part.delete_sets
         whole.delete_pods += part.delete_pods
+        whole.replace_pods += part.replace_pods
         whole.force_delete += part.force_delete
         whole.gates += part.gates
         whole.stamps += part.stamps
@@ -383,7 +387,7 @@ def decide(
         parts.append(healing.decision)
         restart_times, sick = healing.restart_times, healing.keep_out
         after_outage = healing.after_outage
-    deleting = {p.uid for part in parts for p in part.delete_pods}
+    deleting = {p.uid for part in parts for p in (*part.delete_pods, *part.replace_pods)}
     parts.append(
         _admit(
             observed,
@@ -820,8 +824,12 @@ def _roll_out(
             )
             continue
         if all(s.observed for s in replica.sets) and replica.outdated_pods():
-            # The whole group: a rank from the old template could not join the new one.
-            part.delete_pods += replica.members
+            # The whole group: a rank from the old template could not join the
+            # new one. One that serves drains; one that does not has nothing to.
+            if healthy(replica, desired.nodes):
+                part.replace_pods += replica.members
+            else:
+                part.delete_pods += replica.members
     part.apply += judged.apply
     part.delete_sets += judged.delete_sets
     part.marks.update(judged.marks)

@@ -698,6 +698,11 @@ async def _act(
         cluster_logger(ref.namespace, ref.name, replica=pod.replica, pod=pod.name).info(
             "deleted pod"
         )
+    for pod in decision.replace_pods:
+        await ctx.kube.delete("v1", "Pod", ref.namespace, pod.name, uid=pod.uid)
+        cluster_logger(ref.namespace, ref.name, replica=pod.replica, pod=pod.name).info(
+            "deleted outdated pod; it drains within its grace period"
+        )
     for pod, token in decision.stamps:
         await ctx.kube.patch(
             "v1",
