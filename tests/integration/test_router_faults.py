@@ -292,3 +292,26 @@ def test_an_engine_whose_metrics_never_end_is_not_read_whole_and_loses_no_reques
         assert unknown.get(f'{{replica="{name}"}}', 0) >= 2, unknown
     log = (tmp_path / "router.log").read_text()
     assert "larger than" in log and "Traceback" not in log, log
+
+
+def test_a_plain_answer_longer_than_first_byte_seconds_is_waited_for_not_retried(
+    tmp_path: Path,
+) -> None:
+    # vLLM sends a plain (not streamed) answer's head with its body, once it
+    # is all generated: the head is no first byte for it to wait for. Before,
+    # such a request was cut at firstByteSeconds, run again on the other
+    # replica, then answered 503, and both replicas counted failures.
+    config = {"timeouts": {"firstByteSeconds": 1, "totalSeconds": 60}, "retries": 1}
+    with sims(2, tmp_path, time_scale=1) as urls, router(urls, tmp_path, config=config) as front:
+        started = time.monotonic()
+        answer = httpx.post(
+            front + "/v1/completions",
+            json=completion("a long plain answer", max_tokens=300, ignore_eos=True),
+            timeout=60,
+        )
+        took = time.monotonic() - started
+        assert answer.status_code == 200, answer.text
+        assert took > 1.5, f"the answer took {took:.1f} s: not past firstByteSeconds, test is void"
+        assert answer.json()["usage"]["completion_tokens"] == 300
+        retried = router_counts(front, "shoal_router_retries_total")
+        assert not retried, retried

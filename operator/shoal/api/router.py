@@ -189,7 +189,9 @@ class RouterTimeouts(ApiModel):
         ge=1,
         le=86400,
         description="From sending a request to its response headers (a hung engine never "
-        "sends them).",
+        "sends them). vLLM sends a plain (not streamed) answer's headers with the whole "
+        "answer, so its wait goes on, firstByteSeconds at a time, while the replica's "
+        "engine generates tokens (up to totalSeconds).",
     )
     total_seconds: int = Field(
         default=600, ge=1, le=86400, description="For the whole response, streaming included."

@@ -34,6 +34,7 @@ from shoal.router.metrics import RouterMetrics
 from shoal.router.placements import PlacementLog
 from shoal.router.policy import Choice, Chooser, RequestFacts
 from shoal.router.prefix import PrefixKey, hash_text, prefix_key, request_facts
+from shoal.router.progress import Progress
 from shoal.router.relay import ChunkRelay
 from shoal.router.routes import Refusal
 from shoal.router.routes import plan as plan_request
@@ -487,6 +488,15 @@ class Proxy:
         now = loop.time()
         deadline = now + timeouts.total_seconds
         first_byte_by = min(now + timeouts.first_byte_seconds, deadline)
+        # A plain answer's head comes with its end: waited for while the engine generates.
+        extend = None
+        if not stream:
+            extend = Progress(
+                read=replica.generated_tokens,
+                clock=loop.time,
+                step=timeouts.first_byte_seconds,
+                deadline=deadline,
+            ).extend
         exchange: Exchange | None = None
         verdict: Outcome | None = Outcome.NONE  # still to give; None once given
         try:
@@ -500,6 +510,7 @@ class Proxy:
                     identity=identity,
                     on_first=first_output,
                     answer_by=first_byte_by,
+                    extend=extend,
                 )
             except UpstreamTimeout as error:
                 verdict = Outcome.FAILED
@@ -603,9 +614,11 @@ class Proxy:
         identity: bytes,
         on_first: Callable[[int], None],
         answer_by: float,
+        extend: Callable[[], float | None] | None = None,
     ) -> tuple[Exchange, int, CIMultiDict[str]]:
         """Send the request and wait for the answer's status and headers,
-        which must come by `answer_by` (else UpstreamTimeout)."""
+        which must come by `answer_by`, or as `extend` puts it off (else
+        UpstreamTimeout)."""
         address = self.pool.address(replica.endpoint.url)
         head = request_head(
             method.encode(),
@@ -616,7 +629,7 @@ class Proxy:
         )
         while True:
             exchange = await self.pool.open(address, answer_by=answer_by)
-            exchange.send(head + raw, on_first=on_first, answer_by=answer_by)
+            exchange.send(head + raw, on_first=on_first, answer_by=answer_by, extend=extend)
             try:
                 status, raw_headers = await exchange.head
             except UpstreamTimeout:

@@ -115,6 +115,7 @@ class Exchange(asyncio.Protocol):
         self._unhold()
         self._sink: Sink | None = None
         self._on_first: Callable[[int], None] | None = None
+        self._extend: Callable[[], float | None] | None = None
         self._status = 0
         self._busy = False  # a request was sent, its answer not yet whole
         self._stray = False  # an answer came that no request asked for
@@ -136,13 +137,15 @@ class Exchange(asyncio.Protocol):
         *,
         on_first: Callable[[int], None] | None = None,
         answer_by: float | None = None,
+        extend: Callable[[], float | None] | None = None,
     ) -> None:
         """Send a request; `on_first` gets the answer's status with its first
         body bytes. Unless `disarm`ed first, at loop time `answer_by` the
         waits still pending fail with UpstreamTimeout and the connection is
-        cut."""
+        cut, unless `extend` then gives a later time to wait until."""
         assert self.transport is not None
         self._on_first = on_first
+        self._extend = extend
         self._busy = True
         if answer_by is not None:
             self._answer_by = self._pool.deadlines.at(answer_by, self._late)
@@ -323,6 +326,10 @@ class Exchange(asyncio.Protocol):
 
     def _late(self) -> None:
         self._answer_by = None
+        later = self._extend() if self._extend is not None else None
+        if later is not None:
+            self._answer_by = self._pool.deadlines.at(later, self._late)
+            return
         self.abort("no answer in time", timeout=True)
 
     def _fail(self, reason: str, *, timeout: bool = False) -> None:
