@@ -71,6 +71,15 @@ def test_dead_engine_is_connection_level_and_one_success_resets_the_count() -> N
     assert t.observe(healthy(2)).consecutive == 0
 
 
+def test_health_unanswered_in_time_is_connection_level_too() -> None:
+    # What a replica looks like from an operator whose packets to it are
+    # dropped (a blackholed route), or whose own event loop is starved: not
+    # an answer of the engine's (before: taken as the engine dead, so every
+    # replica went out of rotation at once).
+    late = tracker().observe(Probe(at=0, health=Outcome.TIMEOUT, metrics_ok=False))
+    assert late.reason is Reason.DEAD and late.connection_level
+
+
 def test_failing_requests_and_broken_metrics_count() -> None:
     t = tracker(threshold=1)
     failing = t.observe(

@@ -467,8 +467,8 @@ def heal(
     ):
         message = (
             f"replicas {', '.join(map(str, unreachable))} fail at once on connection-level "
-            "errors; the operator may be the one cut off, so none is restarted and they stay "
-            "in rotation"
+            "errors (/health refused or unanswered); the operator may be the one cut off, so "
+            "none is restarted and they stay in rotation"
         )
         part.degraded = (ConditionReason.MANY_REPLICAS_UNREACHABLE, message)
         part.unreachable = set(unreachable)

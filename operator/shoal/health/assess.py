@@ -49,7 +49,9 @@ class Assessment:
     detail: str
     consecutive: int
     threshold: int  # failureThreshold: failed this many checks in a row, restart it
-    connection_level: bool  # the operator may be the one cut off
+    # /health refused or unanswered: the operator may be the one cut off
+    # (packets dropped on its path, its own loop starved), not the engine.
+    connection_level: bool
 
     @property
     def ok(self) -> bool:
@@ -95,7 +97,7 @@ class HealthTracker:
             detail=detail,
             consecutive=self.consecutive,
             threshold=self.failure_threshold,
-            connection_level=probe.health is Outcome.REFUSED,
+            connection_level=probe.health in (Outcome.REFUSED, Outcome.TIMEOUT),
         )
 
     def _stalled_for(self, probe: Probe) -> float:

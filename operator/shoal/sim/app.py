@@ -97,9 +97,13 @@ class EngineApp:
 
     @web.middleware
     async def _connections(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """The "reset" fault: drop the connection with a TCP RST, no response."""
-        if self.engine.faults.connections != "reset" or request.path == FAULT_PATH:
+        """The "reset" fault: drop the connection with a TCP RST, no response;
+        "silent": no response at all, until the client gives up."""
+        mode = self.engine.faults.connections
+        if mode == "ok" or request.path == FAULT_PATH:
             return await handler(request)
+        if mode == "silent":
+            await asyncio.Event().wait()  # until the client leaves (handler_cancellation)
         transport = request.transport
         if transport is not None:
             sock = transport.get_extra_info("socket")

@@ -167,7 +167,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sim-connections",
         choices=CONNECTION_MODES,
         default="ok",
-        help="reset: answer every request (but /_sim/fault) with a TCP reset",
+        help="reset: answer every request (but /_sim/fault) with a TCP reset; "
+        "silent: answer none of them",
     )
     s.add_argument(
         "--sim-poison",

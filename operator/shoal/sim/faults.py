@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 METRICS_MODES = ("ok", "error", "garbage", "hang", "nan", "negative", "endless")
-CONNECTION_MODES = ("ok", "reset")
+CONNECTION_MODES = ("ok", "reset", "silent")
 # Requests to this path pass a "reset" fault, so it can be lifted again.
 FAULT_PATH = "/_sim/fault"
 
@@ -39,7 +39,9 @@ class Faults:
     # Connections: "ok", or "reset": every request but those to /_sim/fault
     # is answered by a TCP reset (RST) and no response, as when the network
     # path to the engine is cut (a firewall's reject-with-tcp-reset, a lost
-    # route): a connection-level error for every client, not an HTTP status.
+    # route): a connection-level error for every client, not an HTTP status;
+    # or "silent": every such request is read and never answered, as through
+    # a path that drops packets (a blackholed route): clients time out.
     connections: str = "ok"
     # Requests whose body holds this text are answered 500 at once, on every
     # engine given it: a failure caused by the request, not the engine (as
