@@ -104,6 +104,8 @@ def test_a_restarted_operator_keeps_a_spent_restart_budget(
     """The budget's history lives in the status, not only in the operator's
     memory: a new operator process must not restart a replica that the old
     one gave up on (that is how an operator crash-loops a fleet)."""
+    from shoal.controller.names import CONDITION_WARMED
+    from tests.e2e.operator_env import condition_of
     from tests.e2e.test_self_healing import FAST_HEALTH, _engine_args, _pod
 
     install_crd(testbed)
@@ -138,6 +140,10 @@ def test_a_restarted_operator_keeps_a_spent_restart_budget(
                 pod = _pod(testbed, ns, "spent-r0-0")
                 assert pod is not None and pod["metadata"]["uid"] == uid
                 assert entry()["restarts"] == 2
+                # Still out of rotation: the new operator reads why from its
+                # gate (before: its /health answered, so it was admitted as new).
+                gate = condition_of(pod, CONDITION_WARMED)
+                assert (gate["status"], gate["reason"]) == ("False", "EngineHung"), gate
                 delete_clusters(testbed, ns)
         finally:
             delete_clusters(testbed, ns)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from shoal.api.status import ReplicaState, VLLMClusterStatus
+from shoal.api.status import ConditionStatus, ReplicaState, VLLMClusterStatus
 from shoal.controller.decide import EventType
 from shoal.controller.observe import (
     Observed,
@@ -170,6 +170,18 @@ def test_containers_are_read_from_the_pods_status() -> None:
     (engine,) = facts.containers
     assert (engine.exit_code, engine.exit_message, engine.restarts) == (2, "boom", 4)
     assert engine.crashed and not engine.running
+    assert facts.warmed is None and facts.warmed_reason is None
+
+
+def test_the_warm_up_gate_is_read_with_its_reason() -> None:
+    gate = {"type": "serving.shoal.dev/warmed", "status": "False", "reason": "EngineHung"}
+    pod = {
+        "metadata": {"name": "c-r0-0", "uid": "u", "labels": {"serving.shoal.dev/replica": "0"}},
+        "status": {"phase": "Running", "conditions": [gate]},
+    }
+    facts = pod_facts(pod, gpu_resource="nvidia.com/gpu")
+    assert facts is not None
+    assert (facts.warmed, facts.warmed_reason) == (ConditionStatus.FALSE, "EngineHung")
 
 
 def _scheduling(node: str | None) -> dict[str, Any]:

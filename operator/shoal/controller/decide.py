@@ -372,7 +372,8 @@ def decide(
         replacing = rolled.replacing
         parts += [restarted, _create_missing(desired, missing), rolled]
     restart_times = memory.restart_times
-    sick: frozenset[int] = frozenset()
+    # Without a valid spec nothing is judged: those out for health stay so.
+    sick: frozenset[int] = memory.sick if desired is None else frozenset()
     after_outage: Mapping[int, int] = {}
     if desired is not None and desired.heal is not None:
         healing = heal(
@@ -618,6 +619,19 @@ def lose_nodes(observed: Observed, nodes: NotReadyNodes, *, loss_seconds: float)
                 )
             )
     return part
+
+
+def out_for_health(observed: Observed) -> frozenset[int]:
+    """Replicas whose leader's gate a health check set False: a new operator
+    process's Memory.sick (an earlier one's is gone with it)."""
+    failures = {str(r) for r in Reason if r is not Reason.HEALTHY}
+    return frozenset(
+        index
+        for index, replica in observed.replicas.items()
+        if (leader := replica.leader_pod) is not None
+        and leader.warmed is ConditionStatus.FALSE
+        and leader.warmed_reason in failures
+    )
 
 
 def health_targets(
@@ -923,7 +937,12 @@ def _admit(
             continue
         if leader.warmed is ConditionStatus.TRUE:
             continue
-        if desired is not None and not group_complete(replica, desired.nodes):
+        if desired is None:
+            # No spec to judge it by: a replica taken out of rotation (for its
+            # health, a failed warm-up, a drain) stays out until there is one.
+            if leader.warmed is ConditionStatus.FALSE:
+                continue
+        elif not group_complete(replica, desired.nodes):
             continue
         if not probes.healthy.get(leader.uid):
             part.poll()

@@ -92,6 +92,7 @@ class PodFacts:
     unschedulable: str | None  # the scheduler's message, while it cannot place the pod
     gpus: int
     containers: tuple[ContainerFacts, ...] = ()
+    warmed_reason: str | None = None  # why the gate was last set (a GateReason or health Reason)
 
     @property
     def running(self) -> bool:
@@ -252,6 +253,7 @@ def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
         return None
     labels = meta.get("labels") or {}
     containers_ready = _status(_condition(pod, "ContainersReady"))
+    warmed = _condition(pod, CONDITION_WARMED)
     scheduled = _condition(pod, "PodScheduled")
     node = spec.get("nodeName") or None
     unschedulable = None
@@ -277,7 +279,8 @@ def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
         terminating=bool(meta.get("deletionTimestamp")),
         ready=is_ready(pod),
         containers_ready=containers_ready is ConditionStatus.TRUE,
-        warmed=_status(_condition(pod, CONDITION_WARMED)),
+        warmed=_status(warmed),
+        warmed_reason=str(warmed["reason"]) if warmed and warmed.get("reason") else None,
         restarts=sum(c.get("restartCount", 0) for c in status.get("containerStatuses") or []),
         revision=labels.get(REVISION_LABEL),
         group=_annotations(pod).get(ANNOTATION_GROUP),

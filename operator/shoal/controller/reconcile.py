@@ -39,6 +39,7 @@ from shoal.controller.decide import (
     decide,
     health_targets,
     node_not_ready_since,
+    out_for_health,
     probe_targets,
 )
 from shoal.controller.desired import (
@@ -226,6 +227,10 @@ async def _reconcile(
         )
         if seeded and not state.memory.restart_times:
             state.memory = dataclasses.replace(state.memory, restart_times=seeded)
+        # And the replicas it took out for their health, from their gates:
+        # else a hung one (its /health answers) is admitted again as new.
+        if not state.memory.sick:
+            state.memory = dataclasses.replace(state.memory, sick=out_for_health(observed))
     if paused:
         decision, probes = Decision(memory=state.memory), Probes()
     else:
