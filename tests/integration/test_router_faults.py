@@ -315,3 +315,29 @@ def test_a_plain_answer_longer_than_first_byte_seconds_is_waited_for_not_retried
         assert answer.json()["usage"]["completion_tokens"] == 300
         retried = router_counts(front, "shoal_router_retries_total")
         assert not retried, retried
+
+
+def test_streams_that_keep_breaking_after_their_first_bytes_open_the_breaker(
+    tmp_path: Path,
+) -> None:
+    # Each stream's first bytes were a success that reset the count of
+    # failures, and its break a failure: the count went 0, 1, 0, 1... and
+    # never reached the threshold, so the replica kept every stream it was
+    # given, each cut and none retried.
+    config = {"timeouts": {"stallSeconds": 1}, "circuitBreaker": {"failureThreshold": 3}}
+    with (
+        sims(1, tmp_path, extra=["--sim-stall-after", "2"]) as urls,
+        router(urls, tmp_path, config=config) as front,
+    ):
+        for i in range(3):
+            with httpx.stream(
+                "POST",
+                front + "/v1/completions",
+                json=completion(f"stall {i}", max_tokens=50, stream=True, ignore_eos=True),
+                timeout=10,
+            ) as response:
+                assert response.status_code == 200
+                events = [line for line in response.iter_lines() if line.startswith("data: ")]
+            assert '"error"' in events[-2], events[-3:]
+        states = router_counts(front, "shoal_router_circuit_state")
+        assert list(states.values()) == [2.0], "three broken streams in a row did not open it"

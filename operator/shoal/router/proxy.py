@@ -553,11 +553,16 @@ class Proxy:
                     verdict = Outcome.FAILED
                     series.requests(502).inc()
                     raise UpstreamFailed("broken_answer") from error
-            # The engine answered (a 4xx is the request's): the verdict now,
-            # so a half-open probe closes the breaker without waiting for the
-            # end of its stream.
-            self.fleet.verdict(replica, ticket, Outcome.OK)
-            verdict = None
+            # The engine answered (a 4xx is the request's). A half-open probe
+            # gives its verdict now, so it closes the breaker without waiting
+            # for the end of its stream (its own later failure reopens it).
+            # Any other gives one verdict, at its end: an OK now would reset
+            # the count of failures that its own break then adds to, so
+            # streams that all break after their first bytes never opened it.
+            verdict = Outcome.OK
+            if replica.breaker.probe == ticket:
+                self.fleet.verdict(replica, ticket, Outcome.OK)
+                verdict = None
             response: Answer | None = None
             if not (stream and status == 200):
                 try:
