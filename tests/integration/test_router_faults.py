@@ -341,3 +341,25 @@ def test_streams_that_keep_breaking_after_their_first_bytes_open_the_breaker(
             assert '"error"' in events[-2], events[-3:]
         states = router_counts(front, "shoal_router_circuit_state")
         assert list(states.values()) == [2.0], "three broken streams in a row did not open it"
+
+
+def test_two_replicas_whose_engines_died_lose_no_request_a_third_can_serve(
+    tmp_path: Path,
+) -> None:
+    # Two engine cores dead at once (their servers answer 500 until they
+    # exit, 3.7 s later, as vLLM's do): the same 5xx from two replicas is the
+    # request's failure only when it does not say the engine died or is
+    # shutting down. Before, a request that met both was answered their 500.
+    config = {"retries": 2, "policy": "round-robin", "circuitBreaker": {"failureThreshold": 100}}
+    with (
+        sims(3, tmp_path, extra=["--sim-crash-exit-seconds", "30"]) as urls,
+        router(urls, tmp_path, config=config) as front,
+    ):
+        for url in urls[:2]:
+            set_fault(url, crash=True)
+        statuses = [
+            httpx.post(front + "/v1/completions", json=completion(f"after {i}"), timeout=10)
+            for i in range(9)
+        ]
+        assert [s.status_code for s in statuses] == [200] * 9, [s.text for s in statuses]
+        assert {s.headers["x-shoal-replica"] for s in statuses} == {urls[2].removeprefix("http://")}

@@ -21,6 +21,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from shoal.router.blame import the_requests_failure
 from shoal.router.breaker import Outcome
 from shoal.router.config import RouterConfig
 from shoal.router.dispatch import Proxied
@@ -92,6 +93,11 @@ class ServerError(Exception):
         self.replica = replica
         self.ticket = ticket
         self.response = response
+
+
+def _said(error: ServerError) -> tuple[int, bytes]:
+    body = error.response.body
+    return error.response.status, body if isinstance(body, bytes) else b""
 
 
 class Proxy:
@@ -358,12 +364,17 @@ class Proxy:
                     continue
                 except ServerError as error:
                     if held is not None:
-                        # The same request failed on a second replica: the
-                        # request's failure, counted against neither.
-                        self.fleet.verdict(error.replica, error.ticket, Outcome.NONE)
-                        self.metrics.requests.labels("none", str(error.response.status)).inc()
-                        return error.response
-                    held = error
+                        if the_requests_failure(_said(held), _said(error)):
+                            # The same request failed so on a second replica:
+                            # the request's failure, counted against neither.
+                            self.fleet.verdict(error.replica, error.ticket, Outcome.NONE)
+                            self.metrics.requests.labels("none", str(error.response.status)).inc()
+                            return error.response
+                        # Each replica's own (engines dead, or shutting down):
+                        # the first is still held for the client, if no one answers.
+                        self.fleet.verdict(error.replica, error.ticket, Outcome.FAILED)
+                    else:
+                        held = error
                     self.metrics.retries.labels(str(error)).inc()
                     continue
                 # Another replica answered: the held 5xx was its replica's.
