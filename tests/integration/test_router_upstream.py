@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from shoal.router.relay import ChunkRelay
 from shoal.router.upstream import Address, Exchange, Pool, UpstreamError, request_head
 from tests.integration.procs import router
 
@@ -586,3 +587,68 @@ def test_an_http_1_0_client_gets_the_stream_unframed_to_the_connection_end(
     assert head.startswith(b"HTTP/1.0 200") or head.startswith(b"HTTP/1.1 200"), head
     assert b"transfer-encoding" not in head.lower()
     assert payload == b"".join(events)
+
+
+class _UnreadClient:
+    """A client transport that takes every write and never drains."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return 16 * 1024, 64 * 1024
+
+    def get_write_buffer_size(self) -> int:
+        return self.written
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def test_a_stream_that_ends_while_its_client_is_slow_leaves_the_connection_reading() -> None:
+    # The relay pauses reading from the engine when the client's buffer is
+    # full; the stream's end came in the same read, so the exchange went
+    # back to the pool still paused, and the next request on it waited on
+    # the slow client of the one before.
+    stream = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in [b"x" * 100_000, b"[DONE]"])
+    answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + stream + b"0\r\n\r\n"
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(answer)
+        await _read_request(reader)
+        writer.write(_ok(b'{"next": true}'))
+
+    server = Server(script)
+
+    async def scenario() -> None:
+        pool = Pool(connect_seconds=1)
+        async with server as address:
+            first = await _exchange(pool, address)
+            await first.head
+            loop = asyncio.get_running_loop()
+            relay = ChunkRelay(
+                _UnreadClient(),  # type: ignore[arg-type]
+                first,
+                asyncio.Event().wait,  # the client never drains
+                chunked=True,
+                stall_seconds=5,
+                first_chunk_by=loop.time() + 5,
+                deadline=loop.time() + 5,
+            )
+            first.attach(relay)
+            await first.done
+            relay.stop()
+            first.release()
+            second = await _exchange(pool, address)
+            assert second is first, "not reused: test is void"
+            status, _ = await asyncio.wait_for(second.head, 2)
+            await second.done
+            assert (status, second.body()) == (200, b'{"next": true}')
+            second.release()
+        pool.close()
+
+    asyncio.run(scenario())

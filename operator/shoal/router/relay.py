@@ -86,7 +86,15 @@ class ChunkRelay:
             self._draining = self._loop.create_task(self._drain())
 
     def stop(self) -> None:
+        """The answer ended or failed. The engine's connection reads again at
+        once: a drain still waiting on a slow client no longer holds it (its
+        end often comes in the read that paused it), or it would go back to
+        the pool paused, and the next request on it wait on this client."""
         self._timer.cancel()
+        if self._draining is not None:
+            self._draining.cancel()
+            self._draining = None
+            self.exchange.resume()
 
     def _check(self) -> None:
         now = self._clock()
@@ -103,10 +111,10 @@ class ChunkRelay:
         self.exchange.abort(self.failure)
 
     async def _drain(self) -> None:
-        try:
-            with contextlib.suppress(ConnectionError):
-                await self.drain()
-        finally:
-            self._draining = None
-            self._last = self._clock()
-            self.exchange.resume()
+        with contextlib.suppress(ConnectionError):
+            await self.drain()
+        # Not reached once stopped (cancelled): `stop` resumed the exchange,
+        # which may serve another request by now.
+        self._draining = None
+        self._last = self._clock()
+        self.exchange.resume()
