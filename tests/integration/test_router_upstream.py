@@ -608,6 +608,10 @@ class _UnreadClient:
         return False
 
 
+async def _never() -> None:
+    await asyncio.Event().wait()
+
+
 def test_a_stream_that_ends_while_its_client_is_slow_leaves_the_connection_reading() -> None:
     # The relay pauses reading from the engine when the client's buffer is
     # full; the stream's end came in the same read, so the exchange went
@@ -633,7 +637,7 @@ def test_a_stream_that_ends_while_its_client_is_slow_leaves_the_connection_readi
             relay = ChunkRelay(
                 _UnreadClient(),  # type: ignore[arg-type]
                 first,
-                asyncio.Event().wait,  # the client never drains
+                _never,  # the client never drains
                 chunked=True,
                 stall_seconds=5,
                 first_chunk_by=loop.time() + 5,
