@@ -2,7 +2,8 @@
 replica whose loss costs least (not serving, then the fewest requests in
 flight), not the highest index; no other replica is renamed; a scale-up
 fills the lowest free index, and keeps a replica still draining before it
-makes a new one; without a removal order the highest indices go, as before."""
+makes a new one; without a removal order those not serving go first, then
+the highest indices."""
 
 from __future__ import annotations
 
@@ -94,3 +95,19 @@ def test_loads_come_from_the_routers_in_flight_counts_and_the_replicas_states() 
         ReplicaLoad(index=3, serving=False, in_flight=0),
     ]
     assert removal_order(loads) == [3, 1, 2, 0]
+
+
+def test_without_the_autoscaler_replicas_not_serving_go_before_the_highest() -> None:
+    # kubectl scale from 3 to 1 while replica 0 loads (a rollout, a restart):
+    # before, the highest indices went whatever their state, so the two
+    # serving replicas drained and nothing served until replica 0 was warm.
+    from shoal.controller.reconcile import live_indices
+    from tests.unit.controller_samples import spec_of
+    from tests.unit.test_controller_decide import desired_for, pod_for, serving
+
+    observed = serving(range(3), desired_for(3))
+    observed.replicas[0].pods = [pod_for(0, ready=False, warmed=None)]
+    assert live_indices(spec_of(replicas=1), observed, {}) == [1]
+    assert live_indices(spec_of(replicas=2), observed, {}) == [1, 2]
+    # All serving: the highest go, as before.
+    assert live_indices(spec_of(replicas=1), serving(range(3), desired_for(3)), {}) == [0]

@@ -79,7 +79,7 @@ from shoal.controller.observe import (
 from shoal.controller.placement import GPU_COUNT_LABEL, with_gpu_facts
 from shoal.controller.probes import engine_key
 from shoal.controller.restarts import seed_restart_times
-from shoal.controller.retire import kept_indices, parse_order
+from shoal.controller.retire import kept_indices, not_serving_first, parse_order
 from shoal.controller.rollout import Marks, RolloutPolicy, held_back, marks_of, spec_text
 from shoal.controller.status import (
     Refusal,
@@ -357,10 +357,16 @@ def live_indices(
     spec: VLLMClusterSpec, observed: Observed, annotations: Mapping[str, str]
 ) -> list[int]:
     """The replicas the spec keeps: those that exist, less the first of the
-    autoscaler's removal order (only while it scales the cluster), or more."""
+    autoscaler's removal order (only while it scales the cluster), then those
+    not serving (a scale-down by hand must not drain the serving replicas
+    while one that loads stays), or more."""
     text = annotations.get(ANNOTATION_REMOVAL_ORDER) if spec.autoscaling is not None else None
     existing = [i for i, replica in observed.replicas.items() if replica.leader is not None]
-    return kept_indices(count=spec.replicas, existing=existing, order=parse_order(text))
+    idle = not_serving_first(
+        {i: (p := observed.replica(i).leader_pod) is not None and p.ready for i in existing}
+    )
+    order = (*parse_order(text), *idle)
+    return kept_indices(count=spec.replicas, existing=existing, order=order)
 
 
 def _drifted_as_outdated(observed: Observed, changed: dict[str, list[str]]) -> Observed:

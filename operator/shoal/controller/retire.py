@@ -4,8 +4,8 @@ A replica keeps its index (its StatefulSets' names, its pods' DNS names) for
 life, so a fleet scaled down need not be indices 0..n-1: the replicas kept
 are the ones that exist, and a scale-down removes, first, those in the
 cluster's removal order (`ANNOTATION_REMOVAL_ORDER`, which the autoscaler
-writes before it scales down), then the highest indices (a `kubectl scale`
-down, as before). A scale-up adds the lowest free indices; a replica still
+writes before it scales down), then those not serving, then the highest
+indices (a `kubectl scale` down). A scale-up adds the lowest free indices; a replica still
 draining is kept again before any new one is made (it is warm).
 
 `removal_order` ranks replicas by what their loss costs: a replica not
@@ -60,6 +60,12 @@ def removal_order(replicas: Iterable[ReplicaLoad]) -> list[int]:
     """Indices, the cheapest loss first."""
     ranked = sorted(replicas, key=lambda r: (r.serving, r.in_flight, -r.index))
     return [r.index for r in ranked]
+
+
+def not_serving_first(serving: Mapping[int, bool]) -> list[int]:
+    """Of replicas by index (True: it serves), those not serving, the highest
+    first: the order a scale-down without the autoscaler's removes them in."""
+    return sorted((i for i, serves in serving.items() if not serves), reverse=True)
 
 
 def kept_indices(*, count: int, existing: Collection[int], order: Sequence[int]) -> list[int]:
