@@ -145,12 +145,32 @@ def test_at_most_max_unavailable_replicas_restart_at_once() -> None:
     assert sorted(p.name for p in wider.delete_pods) == ["c-r0-0", "c-r2-0"]
 
 
-def test_a_replica_already_down_counts_against_max_unavailable() -> None:
+def test_a_replica_down_for_another_reason_does_not_hold_a_restart_back() -> None:
+    # Replica 0 loads, or waits for GPUs (scaled past them): restarting the
+    # hung replica 1, out of rotation already, costs no serving capacity.
+    # Before, it was never restarted while replica 0 was not Ready.
     desired = healing(2, max_unavailable=1)
     observed = serving(range(2), desired)
     observed.replicas[0].pods[0] = replace(observed.replicas[0].pods[0], ready=False)
     decision = run(desired, observed, r1=HUNG)
-    assert not decision.delete_pods
+    assert [p.name for p in decision.delete_pods] == ["c-r1-0"]
+
+
+def test_a_replica_restarted_for_its_health_holds_the_next_until_it_serves() -> None:
+    desired = healing(3, max_unavailable=1)
+    observed = serving(range(3), desired)
+    first = run(desired, observed, r0=HUNG)
+    assert [p.name for p in first.delete_pods] == ["c-r0-0"]
+    # Its new pod loads; replica 2 hangs meanwhile: it waits.
+    observed.replicas[0].pods[0] = replace(
+        observed.replicas[0].pods[0], uid="uid-new", ready=False, warmed=None
+    )
+    second = run(desired, observed, first.memory, NOW + 1, r2=HUNG)
+    assert not second.delete_pods and 2 in second.unhealthy
+    # Replica 0 serves again: replica 2's turn.
+    observed.replicas[0].pods[0] = replace(observed.replicas[0].pods[0], ready=True)
+    third = run(desired, observed, second.memory, NOW + 2, r2=HUNG)
+    assert [p.name for p in third.delete_pods] == ["c-r2-0"]
 
 
 def test_many_replicas_failing_at_once_on_connection_errors_restart_none() -> None:

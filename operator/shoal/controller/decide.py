@@ -20,7 +20,8 @@ decision (actions, events and the new memory) out. The reconciler
   checks in a row) is taken out of rotation first, then its whole group is
   restarted, with exponential backoff per replica and a restart budget past
   which the replica is left out of rotation and the cluster Degraded; never
-  more than maxUnavailable replicas down for it, and never when two or more
+  more than maxUnavailable replicas restarting for it at once (a replica down
+  for another reason holds none back), and never when two or more
   replicas fail at once on connection-level errors (the operator may be the
   one cut off).
 - Pods on a node NotReady for longer than health.nodeLossSeconds are
@@ -171,6 +172,11 @@ class Memory:
     # failed checks then: the network comes back to replicas a check or so
     # apart, so they are judged on the checks after it only.
     after_outage: Mapping[int, int] = field(default_factory=dict)
+    # Replicas restarted for their health that do not serve again yet: they
+    # count against maxUnavailable for the next restart (others down, such as
+    # one waiting for GPUs, do not: a replica out of rotation costs no
+    # capacity to restart).
+    restarting: frozenset[int] = frozenset()
 
 
 class GateReason(StrEnum):
@@ -374,6 +380,7 @@ def decide(
     restart_times = memory.restart_times
     # Without a valid spec nothing is judged: those out for health stay so.
     sick: frozenset[int] = memory.sick if desired is None else frozenset()
+    restarting = memory.restarting if desired is None else frozenset()
     after_outage: Mapping[int, int] = {}
     if desired is not None and desired.heal is not None:
         healing = heal(
@@ -387,7 +394,7 @@ def decide(
         )
         parts.append(healing.decision)
         restart_times, sick = healing.restart_times, healing.keep_out
-        after_outage = healing.after_outage
+        after_outage, restarting = healing.after_outage, healing.restarting
     deleting = {p.uid for part in parts for p in (*part.delete_pods, *part.replace_pods)}
     parts.append(
         _admit(
@@ -411,6 +418,7 @@ def decide(
             sick=sick,
             unreachable=frozenset(decision.unreachable),
             after_outage=after_outage,
+            restarting=restarting,
         ),
     )
 
@@ -434,6 +442,7 @@ class Healing:
     keep_out: frozenset[int]  # out of rotation for their health: not admitted this pass
     restart_times: Mapping[int, tuple[float, ...]]  # with the restarts decided now
     after_outage: Mapping[int, int] = field(default_factory=dict)  # the next Memory's
+    restarting: frozenset[int] = frozenset()  # the next Memory's
 
 
 def heal(
@@ -482,7 +491,12 @@ def heal(
             for i, (_, found) in checked.items()
             if i not in unreachable and (found.unhealthy or i in memory.sick)
         )
-        return Healing(decision=part, keep_out=keep_out, restart_times=restart_times)
+        return Healing(
+            decision=part,
+            keep_out=keep_out,
+            restart_times=restart_times,
+            restarting=memory.restarting,
+        )
     after_outage = _after_outage(checked, memory)
     failing = {
         i: facts
@@ -496,7 +510,7 @@ def heal(
     }
     down = {
         i
-        for i in desired.replicas
+        for i in memory.restarting & set(desired.replicas)
         if i in observed.replicas
         and i not in exhausted
         and not observed.replica(i).held
@@ -559,6 +573,7 @@ def heal(
         keep_out=frozenset(kept_out),
         restart_times=restart_times,
         after_outage=after_outage,
+        restarting=frozenset(down),
     )
 
 
