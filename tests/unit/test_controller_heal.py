@@ -23,7 +23,7 @@ from shoal.controller.decide import (
     out_for_health,
     restart_wait,
 )
-from shoal.controller.observe import Observed, ReplicaFacts
+from shoal.controller.observe import ContainerFacts, Observed, ReplicaFacts
 from shoal.health.assess import Assessment, Reason
 from tests.unit.test_controller_decide import NOW, desired_for, pod_for, serving, set_for
 
@@ -330,3 +330,26 @@ def test_a_new_operator_process_knows_which_replicas_are_out_for_their_health() 
     assert out_for_health(observed) == frozenset({1})
     targets = health_targets(observed, wanted={0, 1, 2}, nodes=1, sick=out_for_health(observed))
     assert [p.name for p in targets] == ["c-r0-0", "c-r1-0"]
+
+
+def test_an_engine_kubelet_restarts_in_place_is_left_to_kubelet_and_warmed_again() -> None:
+    # The engine core died: /health failed, the server exited, and kubelet
+    # restarts the container in the same pod (same uid). Before, the
+    # operator's checks went on counting and it deleted the pod mid-load
+    # (a second model load, and kubelet's lastState gone with the pod);
+    # and a reload quicker than its checks took traffic cold, its gate
+    # still True from before.
+    desired = healing(2)
+    observed = serving(range(2), desired)
+    loading = ContainerFacts(name="engine", image="i", running=True, restarts=1, started=False)
+    observed.replicas[1].pods[0] = replace(
+        observed.replicas[1].pods[0], ready=False, containers=(loading,)
+    )
+    dead = Assessment(Reason.DEAD, "/health refused", 3, 3, True)
+    decision = run(desired, observed, r1=dead)
+    assert not decision.delete_pods and not decision.restarts
+    assert [(g.pod.name, g.status, str(g.reason)) for g in decision.gates] == [
+        ("c-r1-0", False, "EngineRestarted")
+    ]
+    targets = health_targets(observed, wanted={0, 1}, nodes=1, sick=frozenset())
+    assert [p.name for p in targets] == ["c-r0-0"]

@@ -191,6 +191,7 @@ class GateReason(StrEnum):
     WARMUP_UNVERIFIABLE = "WarmupUnverifiable"
     WARMUP_TIMED_OUT = "WarmupTimedOut"
     WARMUP_HELD = "WarmupHeld"
+    ENGINE_RESTARTED = "EngineRestarted"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -465,6 +466,8 @@ def heal(
         leader = replica.leader_pod
         if leader is None or replica.held or index in skip or leader.terminating:
             continue
+        if leader.container_down:
+            continue  # kubelet restarts it: a check of ours now would only count that
         found = health.get(leader.uid)
         if found is not None and not found.ok:  # else not checked yet, or healthy again
             checked[index] = (replica, found)
@@ -659,7 +662,7 @@ def health_targets(
         leader = replica.leader_pod
         if index not in wanted or leader is None or not leader.running or replica.held:
             continue
-        if not group_complete(replica, nodes) or leader.terminating:
+        if not group_complete(replica, nodes) or leader.terminating or leader.container_down:
             continue
         if leader.warmed is ConditionStatus.TRUE or index in sick:
             targets.append(leader)
@@ -951,6 +954,18 @@ def _admit(
                 )
             continue
         if leader.warmed is ConditionStatus.TRUE:
+            if leader.container_down:
+                # kubelet restarts its engine in place: it comes back cold, so
+                # out of rotation until it is warmed again.
+                part.gates.append(
+                    Gate(
+                        pod=leader,
+                        status=False,
+                        reason=GateReason.ENGINE_RESTARTED,
+                        message="kubelet restarts the engine's container; it is warmed "
+                        "again before it takes traffic",
+                    )
+                )
             continue
         if desired is None:
             # No spec to judge it by: a replica taken out of rotation (for its

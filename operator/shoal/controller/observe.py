@@ -102,6 +102,12 @@ class PodFacts:
     def failed(self) -> bool:
         return self.phase == "Failed"
 
+    @property
+    def container_down(self) -> bool:
+        """A container of it is not up past its startup probe: kubelet starts
+        or restarts it in place (the same pod)."""
+        return any(not (c.running and c.started) for c in self.containers)
+
 
 @dataclass(frozen=True)
 class SetFacts:
