@@ -35,6 +35,7 @@ def test_a_loaded_vllm_scrape_reads_as_the_engine_reported_it() -> None:
     assert (loaded.prefix_queries, loaded.prefix_hits) == (18062.0, 0.0)
     assert (loaded.prompt_tokens, loaded.generation_tokens) == (18062.0, 7790.0)
     assert loaded.requests == 18.0, "finished requests of every reason"
+    assert loaded.steps == 1214.0  # vllm:iteration_tokens_total_count
     assert loaded.kv_pool == KVPool(block_size=128, gpu_blocks=64)
     assert loaded.kv_pool.tokens == 8192  # the fixture's kv_cache_size_tokens
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from shoal.engine.metrics import MetricsSnapshot
 from shoal.health.assess import HealthTracker, Outcome, Probe, Reason
+from shoal.health.probe import progress
 from shoal.health.router_errors import Routed
 
 
@@ -16,8 +18,8 @@ def healthy(at: float, tokens: float = 100.0, running: float = 0.0) -> Probe:
         health=Outcome.OK,
         canary=Outcome.OK,
         running=running,
-        generation_tokens=tokens,
-        tokens_during_canary=1.0,
+        progress=tokens,
+        progress_during_canary=1.0,
     )
 
 
@@ -28,8 +30,8 @@ def test_hung_engine_answers_health_but_not_the_canary() -> None:
         health=Outcome.OK,
         canary=Outcome.TIMEOUT,
         running=3,
-        generation_tokens=50,
-        tokens_during_canary=0,
+        progress=50,
+        progress_during_canary=0,
     )
     results = [t.observe(hung) for _ in range(3)]
     assert [r.reason for r in results] == [Reason.HUNG] * 3
@@ -44,8 +46,8 @@ def test_busy_engine_with_a_late_canary_is_not_restarted() -> None:
         health=Outcome.OK,
         canary=Outcome.TIMEOUT,
         running=200,
-        generation_tokens=5000,
-        tokens_during_canary=900,
+        progress=5000,
+        progress_during_canary=900,
     )
     assert t.observe(busy).ok
 
@@ -88,8 +90,8 @@ def test_failing_requests_and_broken_metrics_count() -> None:
             health=Outcome.OK,
             canary=Outcome.ERROR,
             canary_status=500,
-            generation_tokens=1,
-            tokens_during_canary=0,
+            progress=1,
+            progress_during_canary=0,
         )
     )
     assert failing.reason is Reason.FAILING and "500" in failing.detail
@@ -100,3 +102,26 @@ def test_failing_requests_and_broken_metrics_count() -> None:
         Probe(at=0, health=Outcome.OK, canary=Outcome.OK, metrics_ok=False)
     )
     assert blind.reason is Reason.METRICS
+
+
+def test_an_engine_stepping_through_a_long_prefill_is_not_hung() -> None:
+    # One prompt of a million tokens prefills for minutes in chunks that take
+    # each step's whole budget: nothing is generated, the canary waits, but
+    # the engine steps. Before, only generated tokens counted as progress,
+    # so such an engine was restarted as hung (and the prompt retried on
+    # the next replica, to the same end).
+    before = MetricsSnapshot(running=1, generation_tokens=500, steps=40)
+    after = MetricsSnapshot(running=1, generation_tokens=500, steps=52)
+    assert progress(after) > progress(before)
+    t = tracker(threshold=1)
+    prefilling = Probe(
+        at=0,
+        health=Outcome.OK,
+        canary=Outcome.TIMEOUT,
+        running=1,
+        progress=progress(after),
+        progress_during_canary=progress(after) - progress(before),
+    )
+    assert t.observe(prefilling).ok
+    stopped = MetricsSnapshot(running=1, generation_tokens=500, steps=52)
+    assert progress(stopped) - progress(after) == 0  # an engine that stopped: flat

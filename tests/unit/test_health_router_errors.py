@@ -70,9 +70,7 @@ def test_the_window_sums_router_pods_and_survives_failed_scrapes_and_restarts() 
 
 
 def _ok(at: float) -> Probe:
-    return Probe(
-        at=at, health=Outcome.OK, canary=Outcome.OK, generation_tokens=at, tokens_during_canary=1
-    )
+    return Probe(at=at, health=Outcome.OK, canary=Outcome.OK, progress=at, progress_during_canary=1)
 
 
 def test_a_high_routed_error_rate_fails_the_check_only_past_the_minimum_requests() -> None:
@@ -113,7 +111,7 @@ def test_a_burst_of_errors_counts_while_the_breaker_starves_the_replica() -> Non
 def test_a_failing_canary_says_what_the_router_saw_too() -> None:
     tracker = HealthTracker(stall_seconds=30, failure_threshold=1, routed_min_requests=10)
     failed = Probe(
-        at=0, health=Outcome.OK, canary=Outcome.ERROR, canary_status=500, tokens_during_canary=0
+        at=0, health=Outcome.OK, canary=Outcome.ERROR, canary_status=500, progress_during_canary=0
     )
     verdict = tracker.observe(failed, routed=Routed(requests=10, errors=7))
     assert verdict.reason is Reason.FAILING

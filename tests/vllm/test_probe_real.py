@@ -81,7 +81,7 @@ def test_shoal_probe_reports_a_stopped_engine_core_hung_and_healthy_after_sigcon
         assert hung["health"] == "ok" and hung["canary"] == "timeout", hung
         assert hung["reason"] == "EngineHung" and not hung["healthy"], hung
         assert "no token was generated" in hung["detail"], hung
-        assert hung["tokensDuringCanary"] == 0, hung
+        assert hung["progressDuringCanary"] == 0, hung
         assert httpx.get(real.url + "/health", timeout=5).status_code == 200
     finally:
         os.kill(core, signal.SIGCONT)

@@ -41,6 +41,9 @@ class Metric(StrEnum):
     REQUEST_SUCCESS = "vllm:request_success_total"  # by finished_reason
     PROMPT_TOKENS = "vllm:prompt_tokens_total"
     GENERATION_TOKENS = "vllm:generation_tokens_total"
+    # Engine steps: its histogram of tokens per step counts every step, one
+    # that only moves a long prompt's prefill on included.
+    STEPS = "vllm:iteration_tokens_total_count"
     CACHE_CONFIG = "vllm:cache_config_info"  # labels only: block_size, num_gpu_blocks, ...
     # Histograms' sums and counts, in seconds: where the time to first token
     # went. TTFT is observed at the first token; queue (waiting to be
@@ -68,6 +71,7 @@ _FIELDS: dict[str, tuple[Metric, ...]] = {
     "requests": (Metric.REQUEST_SUCCESS,),
     "prompt_tokens": (Metric.PROMPT_TOKENS,),
     "generation_tokens": (Metric.GENERATION_TOKENS,),
+    "steps": (Metric.STEPS,),
     "ttft_seconds": (Metric.TTFT_SUM,),
     "ttft_count": (Metric.TTFT_COUNT,),
     "queue_seconds": (Metric.QUEUE_SUM,),
@@ -120,6 +124,7 @@ class MetricsSnapshot:
     requests: float = 0.0  # finished, any reason
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
+    steps: float = 0.0
     ttft_seconds: float = 0.0  # arrival to first token, summed over ttft_count requests
     ttft_count: float = 0.0
     queue_seconds: float = 0.0  # queued to first scheduled, summed over queue_count ended ones

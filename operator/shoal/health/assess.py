@@ -38,9 +38,11 @@ class Probe:
     canary_status: int | None = None
     metrics_ok: bool = True
     running: float = 0.0
-    generation_tokens: float | None = None
-    # Tokens generated between the canary's start and its deadline (None if unknown).
-    tokens_during_canary: float | None = None
+    # The engine's progress counter: tokens generated plus steps taken (a
+    # long prompt's prefill generates nothing for many steps); None if unknown.
+    progress: float | None = None
+    # Its movement between the canary's start and its deadline (None if unknown).
+    progress_during_canary: float | None = None
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ class HealthTracker:
 
     def _stalled_for(self, probe: Probe) -> float:
         """Seconds that requests have been running with no new generated token."""
-        tokens = probe.generation_tokens
+        tokens = probe.progress
         if tokens is None:
             return 0.0
         moved = self._last_tokens is None or tokens != self._last_tokens
@@ -134,14 +136,17 @@ class HealthTracker:
         if probe.health is not Outcome.OK:
             status = f" {probe.health_status}" if probe.health_status else ""
             return Reason.DEAD, f"/health {probe.health.value}{status}"
-        flat = probe.tokens_during_canary is not None and probe.tokens_during_canary <= 0
+        flat = probe.progress_during_canary is not None and probe.progress_during_canary <= 0
         if probe.canary is Outcome.TIMEOUT and (flat or probe.running <= 0):
-            # Busy engines answer canaries late but keep generating: only a
+            # Busy engines answer canaries late but keep stepping: only a
             # canary that times out while nothing moves is a hang.
-            return Reason.HUNG, "canary timed out and no token was generated meanwhile"
+            return Reason.HUNG, (
+                "canary timed out and no token was generated (nor engine step taken) meanwhile"
+            )
         if stalled >= self.stall_seconds:
             return Reason.STALLED, (
-                f"{probe.running:.0f} requests running, no token generated for {stalled:.0f}s"
+                f"{probe.running:.0f} requests running, no token generated (nor engine step "
+                f"taken) for {stalled:.0f}s"
             )
         if probe.canary in (Outcome.ERROR, Outcome.REFUSED):
             status = f" {probe.canary_status}" if probe.canary_status else ""

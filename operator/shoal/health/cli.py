@@ -78,7 +78,7 @@ async def _run(args: argparse.Namespace) -> int:
                 verdict.reason.value,
                 verdict.detail,
                 healthy,
-                result.tokens_during_canary,
+                result.progress_during_canary,
                 result.running,
             )
             rounds += 1
@@ -104,7 +104,7 @@ def _print(
     reason: str,
     detail: str,
     healthy: bool,
-    tokens: float | None,
+    progress: float | None,
     running: float,
 ) -> None:
     if output == "json":
@@ -116,7 +116,7 @@ def _print(
                     "reason": reason,
                     "detail": detail,
                     "healthy": healthy,
-                    "tokensDuringCanary": tokens,
+                    "progressDuringCanary": progress,
                     "running": running,
                 }
             ),
@@ -126,7 +126,7 @@ def _print(
     verdict = "healthy" if healthy else "UNHEALTHY"
     print(
         f"health={health} canary={canary} running={running:.0f} "
-        f"tokens_during_canary={tokens if tokens is not None else 'n/a'} "
+        f"progress_during_canary={progress if progress is not None else 'n/a'} "
         f"-> {reason} ({detail}): {verdict}",
         flush=True,
     )
