@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from shoal.engine.metrics import MetricsSnapshot
 from shoal.health.assess import HealthTracker, Outcome, Probe, Reason
-from shoal.health.probe import progress
 from shoal.health.router_errors import Routed
 
 
@@ -112,16 +111,16 @@ def test_an_engine_stepping_through_a_long_prefill_is_not_hung() -> None:
     # the next replica, to the same end).
     before = MetricsSnapshot(running=1, generation_tokens=500, steps=40)
     after = MetricsSnapshot(running=1, generation_tokens=500, steps=52)
-    assert progress(after) > progress(before)
+    assert after.progress > before.progress
     t = tracker(threshold=1)
     prefilling = Probe(
         at=0,
         health=Outcome.OK,
         canary=Outcome.TIMEOUT,
         running=1,
-        progress=progress(after),
-        progress_during_canary=progress(after) - progress(before),
+        progress=after.progress,
+        progress_during_canary=after.progress - before.progress,
     )
     assert t.observe(prefilling).ok
     stopped = MetricsSnapshot(running=1, generation_tokens=500, steps=52)
-    assert progress(stopped) - progress(after) == 0  # an engine that stopped: flat
+    assert stopped.progress - after.progress == 0  # an engine that stopped: flat

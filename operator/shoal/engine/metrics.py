@@ -138,6 +138,13 @@ class MetricsSnapshot:
         return self.running + self.waiting
 
     @property
+    def progress(self) -> float:
+        """A counter that moves while the engine works: tokens generated plus
+        steps taken (a long prompt's prefill takes steps and generates
+        nothing, while what waits behind it gets no answer)."""
+        return self.generation_tokens + self.steps
+
+    @property
     def kv_pool(self) -> KVPool | None:
         if self.block_size is None or self.gpu_blocks is None:
             return None

@@ -46,13 +46,6 @@ async def _canary(
     return Outcome.OK, 200
 
 
-def progress(snapshot: MetricsSnapshot) -> float:
-    """A counter that moves while the engine works: tokens generated plus
-    engine steps (a long prompt's prefill takes steps and generates nothing,
-    and the canary waits behind it)."""
-    return snapshot.generation_tokens + snapshot.steps
-
-
 async def probe(
     engine: EngineClient,
     endpoint: str,
@@ -75,7 +68,7 @@ async def probe(
     after = await _metrics(engine, endpoint, health_timeout)
     during = None
     if before is not None and after is not None:
-        during = progress(after) - progress(before)
+        during = after.progress - before.progress
     latest = after or before
     return Probe(
         at=at,
@@ -85,6 +78,6 @@ async def probe(
         canary_status=canary_status,
         metrics_ok=before is not None and after is not None,
         running=latest.running if latest else 0.0,
-        progress=progress(latest) if latest else None,
+        progress=latest.progress if latest else None,
         progress_during_canary=during,
     )

@@ -69,11 +69,11 @@ class Replica:
     def __post_init__(self) -> None:
         self.id = self.endpoint.id
 
-    def generated_tokens(self) -> float | None:
-        """The engine's generated-token counter as last scraped (None: unknown)."""
+    def progress(self) -> float | None:
+        """The engine's progress counter as last scraped (None: unknown)."""
         if self.signals is None or self.scrape_failing:
             return None
-        return self.signals.generation_tokens
+        return self.signals.progress
 
 
 class Fleet:

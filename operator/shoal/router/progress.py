@@ -3,10 +3,11 @@
 vLLM writes a plain (not streamed) answer's head with its body, once it is
 all generated, so the head of a long generation comes long after
 timeouts.firstByteSeconds. A hung engine sends nothing either. What tells
-them apart is the engine's generated-token counter, as the router's scrapes
-read it: while it moves, the wait goes on a firstByteSeconds at a time, up
-to totalSeconds; once a step passes with it flat (or unknown: scrapes
-failing), the engine is taken as hung, and the request is retried elsewhere.
+them apart is the engine's progress (tokens generated plus steps taken,
+`MetricsSnapshot.progress`), as the router's scrapes read it: while it
+moves, the wait goes on a firstByteSeconds at a time, up to totalSeconds;
+once a step passes with it flat (or unknown: scrapes failing), the engine
+is taken as hung, and the request is retried elsewhere.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Progress:
-    """read: the engine's generated tokens as last scraped (None: unknown);
+    """read: the engine's progress counter as last scraped (None: unknown);
     clock: the loop's time, which step and deadline are in."""
 
     read: Callable[[], float | None]

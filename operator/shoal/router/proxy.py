@@ -503,7 +503,7 @@ class Proxy:
         extend = None
         if not stream:
             extend = Progress(
-                read=replica.generated_tokens,
+                read=replica.progress,
                 clock=loop.time,
                 step=timeouts.first_byte_seconds,
                 deadline=deadline,
