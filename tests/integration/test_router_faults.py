@@ -49,6 +49,18 @@ def router_counts(front: str, name: str) -> dict[str, float]:
     return samples
 
 
+def stream_events(front: str, prompt: str) -> list[str]:
+    """The SSE data lines of a streamed completion of 50 tokens."""
+    with httpx.stream(
+        "POST",
+        front + "/v1/completions",
+        json=completion(prompt, max_tokens=50, stream=True, ignore_eos=True),
+        timeout=10,
+    ) as response:
+        assert response.status_code == 200
+        return [line for line in response.iter_lines() if line.startswith("data: ")]
+
+
 def attempts_by_replica(front: str) -> dict[str, float]:
     by_replica: dict[str, float] = {}
     for labels, value in router_counts(front, "shoal_router_requests_total").items():
@@ -139,14 +151,7 @@ def test_a_stream_that_stalls_ends_with_an_error_event_and_counts_against_its_re
         router(urls, tmp_path, config=config) as front,
     ):
         started = time.monotonic()
-        with httpx.stream(
-            "POST",
-            front + "/v1/completions",
-            json=completion("stall", max_tokens=50, stream=True, ignore_eos=True),
-            timeout=10,
-        ) as response:
-            assert response.status_code == 200
-            events = [line for line in response.iter_lines() if line.startswith("data: ")]
+        events = stream_events(front, "stall")
         waited = time.monotonic() - started
         assert waited < 5, f"the client waited {waited:.1f} s"
         error = json.loads(events[-2].removeprefix("data: "))["error"]
@@ -330,14 +335,7 @@ def test_streams_that_keep_breaking_after_their_first_bytes_open_the_breaker(
         router(urls, tmp_path, config=config) as front,
     ):
         for i in range(3):
-            with httpx.stream(
-                "POST",
-                front + "/v1/completions",
-                json=completion(f"stall {i}", max_tokens=50, stream=True, ignore_eos=True),
-                timeout=10,
-            ) as response:
-                assert response.status_code == 200
-                events = [line for line in response.iter_lines() if line.startswith("data: ")]
+            events = stream_events(front, f"stall {i}")
             assert '"error"' in events[-2], events[-3:]
         states = router_counts(front, "shoal_router_circuit_state")
         assert list(states.values()) == [2.0], "three broken streams in a row did not open it"

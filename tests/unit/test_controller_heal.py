@@ -292,13 +292,9 @@ def test_pods_on_a_node_not_ready_past_node_loss_seconds_are_force_deleted() -> 
     assert decision.requeue_seconds == 50  # a look again when node-2-0 counts as lost
 
 
-def test_without_a_valid_spec_a_replica_taken_out_of_rotation_stays_out() -> None:
-    # An edit the operator refuses, or a model download under way, leaves no
-    # spec to judge a replica by. Before, every leader that answered /health
-    # was admitted then, without warm-up: a hung engine (whose /health still
-    # answers), one past its restart budget, one held after a failed warm-up.
-    desired = healing(3)
-    observed = serving(range(3), desired)
+def _out_of_rotation() -> Observed:
+    """Three replicas: 1 out of rotation as hung, 2 held after its warm-up."""
+    observed = serving(range(3), healing(3))
     for index, reason in ((1, Reason.HUNG), (2, "WarmupHeld")):
         observed.replicas[index].pods[0] = replace(
             observed.replicas[index].pods[0],
@@ -306,6 +302,15 @@ def test_without_a_valid_spec_a_replica_taken_out_of_rotation_stays_out() -> Non
             warmed_reason=str(reason),
             ready=False,
         )
+    return observed
+
+
+def test_without_a_valid_spec_a_replica_taken_out_of_rotation_stays_out() -> None:
+    # An edit the operator refuses, or a model download under way, leaves no
+    # spec to judge a replica by. Before, every leader that answered /health
+    # was admitted then, without warm-up: a hung engine (whose /health still
+    # answers), one past its restart budget, one held after a failed warm-up.
+    observed = _out_of_rotation()
     healthy = {"uid-c-r1-0": True, "uid-c-r2-0": True}
     memory = Memory(sick=frozenset({1}))
     decision = decide(
@@ -318,15 +323,7 @@ def test_without_a_valid_spec_a_replica_taken_out_of_rotation_stays_out() -> Non
 def test_a_new_operator_process_knows_which_replicas_are_out_for_their_health() -> None:
     # From their gates' reasons: before, it forgot them, so a hung replica
     # (its /health answers) was admitted again as a new one.
-    desired = healing(3)
-    observed = serving(range(3), desired)
-    for index, reason in ((1, Reason.HUNG), (2, "WarmupHeld")):
-        observed.replicas[index].pods[0] = replace(
-            observed.replicas[index].pods[0],
-            warmed=ConditionStatus.FALSE,
-            warmed_reason=str(reason),
-            ready=False,
-        )
+    observed = _out_of_rotation()
     assert out_for_health(observed) == frozenset({1})
     targets = health_targets(observed, wanted={0, 1, 2}, nodes=1, sick=out_for_health(observed))
     assert [p.name for p in targets] == ["c-r0-0", "c-r1-0"]
