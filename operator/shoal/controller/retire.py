@@ -5,8 +5,9 @@ life, so a fleet scaled down need not be indices 0..n-1: the replicas kept
 are the ones that exist, and a scale-down removes, first, those in the
 cluster's removal order (`ANNOTATION_REMOVAL_ORDER`, which the autoscaler
 writes before it scales down), then those not serving, then the highest
-indices (a `kubectl scale` down). A scale-up adds the lowest free indices; a replica still
-draining is kept again before any new one is made (it is warm).
+indices (a `kubectl scale` down). A scale-up adds the lowest free indices;
+a replica still draining is kept again before any new one is made (it is
+warm).
 
 `removal_order` ranks replicas by what their loss costs: a replica not
 serving (starting, warming, held, draining) costs nothing; then the fewest
