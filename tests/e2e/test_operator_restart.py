@@ -165,7 +165,12 @@ def test_a_restarted_operator_leaves_an_idle_fleet_at_zero_and_clears_a_gone_hpa
 
     with namespace(testbed, PATTERN) as ns:
         try:
-            apply(testbed, ns, cluster_manifest("idle", replicas=0, autoscaling=at_zero))
+            held = {"queue": {"zeroReplicaWaitSeconds": 120}}
+            apply(
+                testbed,
+                ns,
+                cluster_manifest("idle", replicas=0, autoscaling=at_zero, router=held),
+            )
             apply(testbed, ns, cluster_manifest("aside", replicas=1, autoscaling=aside))
             apply(testbed, ns, hpa_for("aside"))
             for _ in range(2):
