@@ -105,7 +105,7 @@ def test_a_restarted_operator_keeps_a_spent_restart_budget(
     memory: a new operator process must not restart a replica that the old
     one gave up on (that is how an operator crash-loops a fleet)."""
     from shoal.controller.names import CONDITION_WARMED
-    from tests.e2e.operator_env import condition_of
+    from tests.e2e.operator_env import condition_of, events
     from tests.e2e.test_self_healing import FAST_HEALTH, _engine_args, _pod
 
     install_crd(testbed)
@@ -119,6 +119,10 @@ def test_a_restarted_operator_keeps_a_spent_restart_budget(
         status = get_json(testbed, "vllmcluster", "spent", "-n", ns).get("status", {})
         found: list[dict[str, Any]] = status.get("replicaStatuses") or [{}]
         return found[0]
+
+    def admissions() -> int:
+        found = events(testbed, ns, "spent")
+        return sum(e.get("count") or 1 for e in found if e["reason"] == "ReplicaAdmitted")
 
     with namespace(testbed, PATTERN) as ns:
         try:
@@ -134,14 +138,17 @@ def test_a_restarted_operator_keeps_a_spent_restart_budget(
             pod = _pod(testbed, ns, "spent-r0-0")
             assert pod is not None
             uid = pod["metadata"]["uid"]
+            admitted = admissions()
             with operator(testbed, log, namespaces=[f"{PATTERN}-*"]):
                 # Several health periods, each of which finds the engine hung.
                 time.sleep(10)
                 pod = _pod(testbed, ns, "spent-r0-0")
                 assert pod is not None and pod["metadata"]["uid"] == uid
                 assert entry()["restarts"] == 2
-                # Still out of rotation: the new operator reads why from its
-                # gate (before: its /health answered, so it was admitted as new).
+                # Kept out of rotation throughout: the new operator reads why
+                # from its gate. Before, its /health answered, so it was
+                # admitted again as new, took traffic, and was found hung again.
+                assert admissions() == admitted
                 gate = condition_of(pod, CONDITION_WARMED)
                 assert (gate["status"], gate["reason"]) == ("False", "EngineHung"), gate
                 delete_clusters(testbed, ns)

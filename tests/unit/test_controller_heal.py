@@ -350,3 +350,21 @@ def test_an_engine_kubelet_restarts_in_place_is_left_to_kubelet_and_warmed_again
     ]
     targets = health_targets(observed, wanted={0, 1}, nodes=1, sick=frozenset())
     assert [p.name for p in targets] == ["c-r0-0"]
+
+
+def test_a_replica_out_for_its_health_stays_out_until_a_check_says_it_recovered() -> None:
+    # A new operator process knows it from its gate (Memory.sick) before its
+    # health loop has checked it: not admitted meanwhile (its /health answers).
+    desired = healing(3)
+    observed = _out_of_rotation()
+    probes = Probes(healthy={"uid-c-r1-0": True})
+    memory = Memory(sick=out_for_health(observed))
+    decision = decide(desired=desired, observed=observed, probes=probes, memory=memory, now=NOW)
+    assert not [g for g in decision.gates if g.status], decision.gates
+    assert decision.memory.sick == frozenset({1})
+    # Checked healthy: admitted again (through warm-up, none set here).
+    probes = Probes(healthy={"uid-c-r1-0": True}, health={"uid-c-r1-0": OK})
+    again = decide(
+        desired=desired, observed=observed, probes=probes, memory=decision.memory, now=NOW
+    )
+    assert [(g.pod.name, g.status) for g in again.gates] == [("c-r1-0", True)]

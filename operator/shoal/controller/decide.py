@@ -461,6 +461,7 @@ def heal(
     part = Decision()
     restart_times = dict(memory.restart_times)
     checked: dict[int, tuple[ReplicaFacts, Assessment]] = {}  # failing their latest check
+    unchecked: set[int] = set()  # out for their health, no check since: they stay out
     for index in sorted(desired.replicas):
         replica = observed.replica(index)
         leader = replica.leader_pod
@@ -471,6 +472,8 @@ def heal(
         found = health.get(leader.uid)
         if found is not None and not found.ok:  # else not checked yet, or healthy again
             checked[index] = (replica, found)
+        elif found is None and index in memory.sick:
+            unchecked.add(index)  # out for its health, not checked since (a new process)
     # Replicas whose latest check failed on a connection-level error, whether
     # or not they reached failureThreshold yet: replicas that fail together
     # reach it one check apart, and the first must not be restarted alone.
@@ -493,7 +496,7 @@ def heal(
             i
             for i, (_, found) in checked.items()
             if i not in unreachable and (found.unhealthy or i in memory.sick)
-        )
+        ) | frozenset(unchecked)
         return Healing(
             decision=part,
             keep_out=keep_out,
@@ -573,7 +576,7 @@ def heal(
         )
     return Healing(
         decision=part,
-        keep_out=frozenset(kept_out),
+        keep_out=frozenset(kept_out | unchecked),
         restart_times=restart_times,
         after_outage=after_outage,
         restarting=frozenset(down),
