@@ -54,6 +54,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from shoal.api.router import INTERNAL_PORT
+from shoal.controller.decide import RESTART_GRACE_SECONDS
 from shoal.controller.election import RENEW_DEADLINE_SECONDS
 from shoal.controller.names import (
     CONDITION_WARMED,
@@ -710,8 +711,9 @@ def test_an_engine_pod_deleted_mid_stream_finishes_the_stream(
     # every pod a restart's 5 s grace, which cut the stream.
     name = "drained" if stopped_by == "kubectl delete" else "rolled"
     manifest = on_real_node(name)
-    # Slow enough that the stream outlasts the pod's deletion by seconds.
-    manifest["spec"]["engine"]["extraArgs"] = ["--sim-time-scale", "2"]
+    # Slow enough that the stream outlasts the pod's deletion by more than a
+    # restart's grace (5 s): about 15 s for its 1,500 tokens.
+    manifest["spec"]["engine"]["extraArgs"] = ["--sim-time-scale", "0.5"]
     apply(node_testbed, apps, manifest)
     wait_for(lambda: _ready_cluster(node_testbed, apps, name), what=f"{name} Ready", timeout=240)
     service = get_json(node_testbed, "service", router_name(name), "-n", apps)
@@ -750,9 +752,11 @@ def test_an_engine_pod_deleted_mid_stream_finishes_the_stream(
     ran_on = ended - deleted[0]
     assert lines[-1] == "data: [DONE]", (ran_on, lines[-3:])
     last = json.loads(lines[-2].removeprefix("data: "))
+    assert "error" not in last, f"the stream broke {ran_on:.1f} s after the deletion: {last}"
     assert last["choices"][0]["finish_reason"] == "length", last
     assert len(lines) == 1500 + 1, len(lines)
-    assert ran_on > 1, f"the stream ended {ran_on:.1f} s after the deletion: not a drain"
+    # Past a restart's grace: the pod drained for its own grace period.
+    assert ran_on > RESTART_GRACE_SECONDS + 1, f"the stream ended {ran_on:.1f} s after the deletion"
     node_testbed.kubectl("delete", "vllmcluster", name, "-n", apps, "--wait=false")
 
 
