@@ -97,6 +97,9 @@ class ClusterState:
     last_failure: str | None = None  # the last failed pass or refused writes, last reported
     refused_backoff: float = 5.0  # seconds until a pass with refused writes looks again
     nodes_unreadable: bool = False  # node-loss handling off (said once)
+    # The GPU nodes' labels last listed (reconcile.gpu_nodes): kept through a
+    # failed list, so the engines' manifests do not change with it.
+    gpu_nodes: list[dict[str, Any]] | None = None
     gone: bool = False  # deleted: its daemon has ended (kopf may still run its timer)
 
 

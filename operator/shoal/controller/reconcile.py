@@ -92,6 +92,8 @@ from shoal.controller.status import (
 from shoal.controller.warming import warmup_policy
 
 _log = logging.getLogger(__name__)
+# A first pass that cannot list nodes yet looks again this soon.
+NODES_RETRY_SECONDS = 5.0
 # A pass with refused child writes looks again after this, doubling up to the max.
 REFUSED_BACKOFF_SECONDS = 5.0
 REFUSED_BACKOFF_MAX_SECONDS = 60.0
@@ -166,7 +168,11 @@ async def _reconcile(
     spec, errors = parse(body)
     valid = spec is not None and not errors
     if valid and spec is not None:
-        spec = with_gpu_facts(spec, await _gpu_nodes(ctx))
+        gpus = await gpu_nodes(ctx, state)
+        if gpus is None:
+            log.warning("cannot list nodes yet (their GPU facts shape the engines): trying again")
+            return NODES_RETRY_SECONDS
+        spec = with_gpu_facts(spec, gpus)
     observed, listed = await _observe(ctx, ref, spec)
     fleet = None
     desired = None
@@ -483,14 +489,21 @@ async def router_pods(ctx: OperatorContext, ref: ClusterRef) -> dict[str, Router
     return found
 
 
-async def _gpu_nodes(ctx: OperatorContext) -> list[Manifest]:
-    """The nodes GFD labelled (their GPUs' count and memory), or none when
-    nodes cannot be read: the spec's gpu fields then stand."""
+async def gpu_nodes(ctx: OperatorContext, state: ClusterState) -> list[Manifest] | None:
+    """The labels of the nodes GFD labelled (their GPUs' count and memory).
+    When the API server fails to list them (a 429, a 5xx), the last ones
+    read: the facts shape every engine manifest, so facts that came and went
+    would replace replicas (None: none read yet). When the operator may not
+    read nodes, none: the spec's gpu fields then stand."""
     try:
         nodes = await ctx.kube.list_nodes()
-    except ApiError:
-        return []
-    return [n for n in nodes if GPU_COUNT_LABEL in ((n.get("metadata") or {}).get("labels") or {})]
+    except ApiError as error:
+        if error.status in (401, 403, 404):
+            return []
+        return state.gpu_nodes
+    labelled = ((n.get("metadata") or {}).get("labels") or {} for n in nodes)
+    state.gpu_nodes = [{"metadata": {"labels": dict(x)}} for x in labelled if GPU_COUNT_LABEL in x]
+    return state.gpu_nodes
 
 
 async def _nodes_not_ready(
