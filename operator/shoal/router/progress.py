@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class Progress:
     """read: the engine's progress counter as last scraped (None: unknown);
     clock: the loop's time, which step and deadline are in."""
@@ -31,7 +31,7 @@ class Progress:
         self._seen = self.read()
 
     def extend(self) -> float | None:
-        """At a wait's end: when the next one ends if the engine generated
+        """At a wait's end: when the next one ends if the engine progressed
         since the last look, else None (it gives up)."""
         before, self._seen = self._seen, self.read()
         moved = before is not None and self._seen is not None and self._seen > before
