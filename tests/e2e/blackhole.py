@@ -11,11 +11,11 @@ import threading
 
 
 class Blackhole:
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int], *, port: int = 0) -> None:
         self.target = target
         self._cut = threading.Event()
         self._closed = threading.Event()
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = socket.create_server(("127.0.0.1", port))
         self._sockets: list[socket.socket] = [self._listener]
         self._lock = threading.Lock()
 

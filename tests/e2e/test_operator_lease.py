@@ -236,6 +236,54 @@ def test_an_operator_whose_api_server_stops_answering_stops_before_a_standby_may
     assert "within the renew deadline" in log.read_text(), log.read_text()[-2000:]
 
 
+def test_an_operator_started_while_the_api_server_is_away_waits_for_it_alive(
+    testbed: Testbed, ns: str, tmp_path: Path
+) -> None:
+    """kubelet restarts an operator that lost its Lease at once, and the
+    control plane may still be away (an upgrade, a failover). One that exits
+    when the API server refuses it is restarted with kubelet's growing
+    back-off (10 s, 20 s, 40 s... up to 5 min), so it came back long after
+    the control plane did. It waits instead, answering its liveness probe,
+    and leads once the API server answers."""
+    assert testbed.state is not None
+    log = tmp_path / "operator.log"
+    route, liveness, metrics = free_ports(3)
+    waiting = start_operator(
+        kubeconfig=_through(testbed, route, tmp_path / "kubeconfig"),
+        namespaces=[ns],
+        log=log,
+        args=[
+            f"--lease={ns}/{LEASE}",
+            f"--liveness=http://127.0.0.1:{liveness}/healthz",
+            f"--metrics-port={metrics}",
+        ],
+    )
+    with waiting:
+        wait_for(
+            lambda: "Kubernetes API" in log.read_text(),
+            what="the operator refused by the route",
+            process=waiting,
+        )
+        answer = wait_for(
+            lambda: _alive(liveness), what="the waiting operator's liveness answer", process=waiting
+        )
+        assert "Kubernetes API" in answer, answer
+        assert waiting.alive(), log.read_text()[-2000:]
+        with Blackhole(("127.0.0.1", testbed.state.apiserver_port), port=route):
+            wait_for(lambda: _holder(testbed, ns)[0], what="the operator holding the Lease")
+            assert _leading(metrics) == 1
+            assert waiting.stop() == 0
+
+
+def _alive(port: int) -> str | None:
+    """The liveness endpoint's answer, once it gives 200."""
+    try:
+        answer = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+    except httpx.HTTPError:
+        return None
+    return answer.text if answer.status_code == 200 else None
+
+
 def test_two_candidates_for_a_free_lease_cannot_both_take_it(testbed: Testbed, ns: str) -> None:
     """Each write carries the resourceVersion it read: the API server refuses
     the second."""

@@ -19,6 +19,8 @@ from shoal.controller.context import ControllerSettings, OperatorContext
 from shoal.controller.handlers import build_registry, build_settings
 from shoal.controller.kube import ApiError, KubeApi
 from shoal.controller.leading import (
+    ApiWait,
+    lease_wait,
     run_holding,
     stop_on_signals,
     wait_to_lead,
@@ -184,13 +186,28 @@ async def operate(args: argparse.Namespace, metrics: OperatorMetrics) -> None:
     )
     namespaces = list(settings.namespaces)
     clusterwide = not namespaces
-    standalone = args.standalone or not await peering_installed(ctx.kube, clusterwide=clusterwide)
-    log.info(
-        "shoal operator %s: %s, %s",
-        __version__,
-        "all namespaces" if clusterwide else f"namespaces {', '.join(namespaces)}",
-        "standalone" if standalone else "with kopf peering",
-    )
+    stop = stop_on_signals()
+    api = ApiWait()
+    lock: LeaseLock | None = None
+    async with waiting_liveness(args.liveness, lambda: lease_wait(lock) if lock else str(api)):
+        standalone = args.standalone
+        if not standalone:
+            installed = await api.answer(
+                functools.partial(peering_installed, kube, clusterwide=clusterwide), stop
+            )
+            if installed is None:
+                return
+            standalone = not installed
+        log.info(
+            "shoal operator %s: %s, %s",
+            __version__,
+            "all namespaces" if clusterwide else f"namespaces {', '.join(namespaces)}",
+            "standalone" if standalone else "with kopf peering",
+        )
+        if args.lease is not None:
+            lock = LeaseLock(kube, *args.lease, identity=own_identity())
+            if not await wait_to_lead(lock, stop):
+                return
     operator = functools.partial(
         kopf.operator,
         registry=build_registry(),
@@ -199,19 +216,14 @@ async def operate(args: argparse.Namespace, metrics: OperatorMetrics) -> None:
         namespaces=namespaces,
         memo=kopf.Memo(shoal=ctx),
         liveness_endpoint=args.liveness,
+        stop_flag=stop,
     )
-    if args.lease is None:
-        metrics.leading.set(1)
+    metrics.leading.set(1)
+    if lock is None:
         await operator()
         return
-    lock = LeaseLock(kube, *args.lease, identity=own_identity())
-    stop = stop_on_signals()
-    async with waiting_liveness(args.liveness, lock):
-        if not await wait_to_lead(lock, stop):
-            return
-    metrics.leading.set(1)
     try:
-        await run_holding(lock, functools.partial(operator, stop_flag=stop))
+        await run_holding(lock, operator)
     finally:
         metrics.leading.set(0)
 

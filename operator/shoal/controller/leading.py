@@ -1,5 +1,6 @@
-"""The operator under a Lease (shoal.controller.lease): a stand-in liveness
-endpoint while it waits to lead, and kopf run only while the Lease is held."""
+"""The operator before and under a Lease (shoal.controller.lease): a
+stand-in liveness endpoint while it waits (for the API server, then to
+lead), and kopf run only while the Lease is held."""
 
 from __future__ import annotations
 
@@ -8,28 +9,31 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from shoal.controller.election import RETRY_SECONDS
 from shoal.controller.lease import LeaseLock
 
 log = logging.getLogger("shoal.controller.lease")
 
+T = TypeVar("T")
+
 
 @contextlib.asynccontextmanager
-async def waiting_liveness(url: str | None, lock: LeaseLock) -> AsyncIterator[None]:
-    """Answer the liveness probe while waiting for the Lease: a standby is
-    alive, and kubelet must not restart it. kopf binds the same address once
-    it runs, so this server is gone by then."""
+async def waiting_liveness(url: str | None, waiting: Callable[[], str]) -> AsyncIterator[None]:
+    """Answer the liveness probe, saying what for, while waiting for the API
+    server or the Lease: a standby is alive, and kubelet must not restart it.
+    kopf binds the same address once it runs, so this server is gone by then."""
     if url is None:
         yield
         return
     parts = urlsplit(url)
 
     async def alive(_: web.Request) -> web.Response:
-        holder = lock.holder or "nobody yet"
-        return web.json_response({"waiting": f"for {lock}, held by {holder}"})
+        return web.json_response({"waiting": waiting()})
 
     app = web.Application()
     app.router.add_get(parts.path or "/", alive)
@@ -40,6 +44,40 @@ async def waiting_liveness(url: str | None, lock: LeaseLock) -> AsyncIterator[No
         yield
     finally:
         await runner.cleanup()
+
+
+def lease_wait(lock: LeaseLock) -> str:
+    """What a standby waits for, as its liveness answer says."""
+    return f"for {lock}, held by {lock.holder or 'nobody yet'}"
+
+
+class ApiWait:
+    """The API server's answer to a first request, waited for: an operator
+    restarted while the control plane is away (it lost its Lease to the
+    outage, or its node rebooted) that exited instead would be restarted
+    on kubelet's growing back-off, and come back minutes after the API
+    server did."""
+
+    def __init__(self) -> None:
+        self.last = "no answer yet"
+
+    def __str__(self) -> str:
+        return f"for the Kubernetes API ({self.last})"
+
+    async def answer(self, ask: Callable[[], Awaitable[T]], stop: asyncio.Event) -> T | None:
+        """ask() until the API server answers it; None when stopped first."""
+        while True:
+            try:
+                return await ask()
+            except OSError as error:  # unreachable or silent; a refusal is ApiError
+                if str(error) != self.last:
+                    log.warning("waiting for the Kubernetes API: %s", error)
+                self.last = str(error)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), RETRY_SECONDS)
+            if stop.is_set():
+                log.info("stopped while waiting for the Kubernetes API")
+                return None
 
 
 def stop_on_signals() -> asyncio.Event:
