@@ -2,8 +2,8 @@
 
 Kubernetes mode lists and watches pods by label in one namespace (the
 router's Role may only get, list and watch pods), on the event loop through
-kr8s (`shoal.apiserver`). A pod is routable only while it is Ready (which
-includes shoal's warm-up readiness gate) and not terminating. Any watch
+kr8s (`shoal.apiserver`). A pod is routable only while running, not
+terminating, and ready as kubelet and shoal say (`shoal.readiness`). Any watch
 error or expiry leads to a fresh list, and the fleet is replaced by what the
 list says, so no pod the API no longer has is kept.
 """
@@ -22,6 +22,7 @@ import kr8s.asyncio
 from kr8s.asyncio.objects import Pod
 
 from shoal.apiserver import connect, user_agent
+from shoal.readiness import pod_ready
 from shoal.router.fleet import Endpoint
 
 log = logging.getLogger("shoal.router.discovery")
@@ -48,11 +49,9 @@ def pod_endpoint(pod: dict[str, Any], *, engine_port: int) -> Endpoint | None:
     ip = status.get("podIP")
     if not ip:
         return None
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
+    routable = (
+        pod_ready(pod) and not meta.get("deletionTimestamp") and status.get("phase") == "Running"
     )
-    routable = ready and not meta.get("deletionTimestamp") and status.get("phase") == "Running"
     host = f"[{ip}]" if ":" in ip else ip
     return Endpoint(
         id=meta["uid"],
