@@ -44,7 +44,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -603,6 +603,31 @@ def _send_until(
     return sent, failures
 
 
+@contextlib.contextmanager
+def _clients(
+    fleet: Fleet, *kinds: tuple[bool, float]
+) -> Iterator[Callable[[], list[tuple[int, list[str]]]]]:
+    """Clients (fresh connections or not, pause between requests) sending
+    through the Service from now on; the function given stops them and gives
+    what each sent and saw fail. Stopped too when the block fails, so that
+    its error is not lost to clients sending for ever."""
+    done = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(len(kinds)) as pool:
+        clients = [
+            pool.submit(_send_until, fleet, done, fresh=fresh, pause=pause)
+            for fresh, pause in kinds
+        ]
+
+        def finish() -> list[tuple[int, list[str]]]:
+            done.set()
+            return [client.result() for client in clients]
+
+        try:
+            yield finish
+        finally:
+            done.set()
+
+
 def test_a_rolling_restart_of_the_routers_loses_no_request(fleet: Fleet) -> None:
     # kube-proxy sends new connections to a terminating router until its
     # endpoint is gone from the node's rules: a router that stops listening
@@ -611,10 +636,7 @@ def test_a_rolling_restart_of_the_routers_loses_no_request(fleet: Fleet) -> None
     # got a preStop delay and a drain that moves kept-alive clients off).
     # One client leaves gaps, so an old router may be idle when told to stop.
     before = {p["metadata"]["uid"] for p in fleet.routers()}
-    done = threading.Event()
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        clients = [pool.submit(_send_until, fleet, done, fresh=f) for f in (True, False)]
-        clients.append(pool.submit(_send_until, fleet, done, fresh=True, pause=0.05))
+    with _clients(fleet, (True, 0.0), (False, 0.0), (True, 0.05)) as finish:
         time.sleep(2)
         deployment = f"deployment/{router_name(fleet.name)}"
         fleet.bed.kubectl("rollout", "restart", deployment, "-n", fleet.ns)
@@ -625,8 +647,7 @@ def test_a_rolling_restart_of_the_routers_loses_no_request(fleet: Fleet) -> None
             what="the old routers gone",
             timeout=120,
         )
-        done.set()
-        outcomes = [client.result() for client in clients]
+        outcomes = finish()
     told = [(sent, len(failures), sorted(set(failures))) for sent, failures in outcomes]
     assert all(sent >= 20 and not failures for sent, failures in outcomes), told
 
@@ -808,12 +829,7 @@ def test_the_control_plane_away_past_the_renew_deadline_stops_nothing_that_serve
     serving = leader_pods(bed, fleet.ns, fleet.name) + fleet.routers()
     before = _restarts(serving)
     (operator,) = _operator_pods(bed, shoal_release)
-    done = threading.Event()
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        clients = [
-            pool.submit(_send_until, fleet, done, fresh=fresh, pause=0.05)
-            for fresh in (True, False)
-        ]
+    with _clients(fleet, (True, 0.05), (False, 0.05)) as finish:
         time.sleep(2)
         bed.restart_apiserver(down_seconds=RENEW_DEADLINE_SECONDS + 10)
 
@@ -826,8 +842,7 @@ def test_the_control_plane_away_past_the_renew_deadline_stops_nothing_that_serve
             what="the Lease held again, by the restarted operator",
             timeout=AFTER_API_RESTART_SECONDS,
         )
-        done.set()
-        outcomes = [client.result() for client in clients]
+        outcomes = finish()
     told = [(sent, len(failures), sorted(set(failures))) for sent, failures in outcomes]
     assert all(sent >= 20 and not failures for sent, failures in outcomes), told
     (restarted,) = _operator_pods(bed, shoal_release)
