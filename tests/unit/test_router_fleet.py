@@ -136,6 +136,24 @@ def test_a_probe_whose_stream_breaks_after_its_first_bytes_reopens_the_breaker(
     assert "r0" not in _picks(fleet, config, 30)
 
 
+def test_a_verdict_that_opens_the_breaker_counts_before_its_request_ends(
+    clock: _Clock,
+) -> None:
+    """A failed attempt's verdict comes before its end (a 5xx's body still
+    read, a stream's last bytes still sent): decisions meanwhile must not see
+    the replica as it was before."""
+    config = RouterConfig.model_validate({"circuitBreaker": {"failureThreshold": 1}})
+    fleet = _idle_fleet(config, clock)
+    assert _picks(fleet, config, 30)["r0"] > 0
+    r0 = fleet.replicas["r0"]
+    ticket = fleet.begin(r0)
+    _picks(fleet, config, 1)  # a decision while it runs
+    fleet.verdict(r0, ticket, Outcome.FAILED)
+    assert r0.breaker.state(clock.now) is CircuitState.OPEN
+    assert "r0" not in _picks(fleet, config, 30)
+    fleet.end(r0, ticket)
+
+
 def test_prefill_the_peer_routers_queued_counts_until_they_say_it_is_done(
     clock: _Clock,
 ) -> None:

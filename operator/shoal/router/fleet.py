@@ -81,7 +81,6 @@ class Fleet:
         self.config = config
         self.replicas: dict[str, Replica] = {}
         self.index = PrefixIndex(blocks_per_replica=config.thresholds.index_blocks_per_replica)
-        self.version = 0  # bumped on any change that can free capacity
         self._views: dict[str, Candidate] = {}  # routable replicas whose breaker admits
         # Replicas whose view changed since the last decision: recomputed when
         # the next one reads them, once however many requests began or ended.
@@ -125,7 +124,6 @@ class Fleet:
             replica.signals = signals
             replica.scraped_at = now
         replica.scrape_failing = signals is None
-        self.version += 1
 
     def sweep(self, now: float) -> None:
         """Recompute every replica's view: after a scrape round, on discovery
@@ -141,7 +139,6 @@ class Fleet:
         self._changed.clear()
         for replica in routable:
             self._view(replica, now)
-        self.version += 1
 
     def begin(self, replica: Replica, *, prefill_tokens: float = 0.0) -> int:
         """A request was sent to replica, with about `prefill_tokens` of its
@@ -185,6 +182,10 @@ class Fleet:
         elif outcome is Outcome.FAILED:
             replica.errors += ERROR_WEIGHT * (1.0 - replica.errors)
         replica.breaker.finish(ticket, outcome, time.monotonic())
+        if outcome is not Outcome.NONE:
+            # Its end may be a while off (an error body still read, a stream
+            # still sent): decisions meanwhile see what this one says.
+            self._changed.add(replica.id)
 
     def end(self, replica: Replica, ticket: int) -> None:
         """A request to replica (its ticket from `begin`) ended."""
@@ -194,7 +195,6 @@ class Fleet:
             replica.errors = 0.0
         replica.inflight -= 1
         self._changed.add(replica.id)
-        self.version += 1
 
     def _review(self, now: float) -> None:
         """Recompute the views of the replicas that changed since the last decision."""
