@@ -23,7 +23,6 @@ from shoal.controller.names import (
     ROLE_LEADER,
     ROLE_WORKER,
 )
-from shoal.readiness import pod_ready
 
 REVISION_LABEL = "controller-revision-hash"
 
@@ -205,6 +204,15 @@ def _condition(pod: Manifest, kind: str) -> dict[str, Any] | None:
     return None
 
 
+def is_ready(pod: Manifest) -> bool:
+    """The pod's Ready condition is True (readiness gates included): what
+    `kubectl get pods` says, and what the cluster's status reports. The
+    router reads kubelet's inputs instead (`router.discovery.pod_ready`),
+    which go True a kubelet sync sooner and stay through a node controller's
+    Ready=False."""
+    return _status(_condition(pod, "Ready")) is ConditionStatus.TRUE
+
+
 def _status(condition: dict[str, Any] | None) -> ConditionStatus | None:
     if condition is None:
         return None
@@ -279,7 +287,7 @@ def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
         ip=status.get("podIP") or None,
         node=node,
         terminating=bool(meta.get("deletionTimestamp")),
-        ready=pod_ready(pod),
+        ready=is_ready(pod),
         containers_ready=containers_ready is ConditionStatus.TRUE,
         warmed=_status(warmed),
         warmed_reason=str(warmed["reason"]) if warmed and warmed.get("reason") else None,

@@ -71,6 +71,7 @@ from shoal.controller.names import (
 from shoal.controller.observe import (
     Observed,
     SetFacts,
+    is_ready,
     newest_message,
     observe,
     set_facts,
@@ -89,7 +90,6 @@ from shoal.controller.status import (
     status_patch,
 )
 from shoal.controller.warming import warmup_policy
-from shoal.readiness import pod_ready
 
 _log = logging.getLogger(__name__)
 # A first pass that cannot list nodes yet looks again this soon.
@@ -485,7 +485,7 @@ async def router_pods(ctx: OperatorContext, ref: ClusterRef) -> dict[str, Router
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
         ip = status.get("podIP")
         if ip and status.get("phase") == "Running" and not meta.get("deletionTimestamp"):
-            found[str(meta.get("uid"))] = RouterPod(str(ip), pod_ready(pod))
+            found[str(meta.get("uid"))] = RouterPod(str(ip), is_ready(pod))
     return found
 
 

@@ -3,7 +3,7 @@
 Kubernetes mode lists and watches pods by label in one namespace (the
 router's Role may only get, list and watch pods), on the event loop through
 kr8s (`shoal.apiserver`). A pod is routable only while running, not
-terminating, and ready as kubelet and shoal say (`shoal.readiness`). Any watch
+terminating, and ready as kubelet and shoal say (`pod_ready`). Any watch
 error or expiry leads to a fresh list, and the fleet is replaced by what the
 list says, so no pod the API no longer has is kept.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,7 +22,6 @@ import kr8s.asyncio
 from kr8s.asyncio.objects import Pod
 
 from shoal.apiserver import connect, user_agent
-from shoal.readiness import pod_ready
 from shoal.router.fleet import Endpoint
 
 log = logging.getLogger("shoal.router.discovery")
@@ -41,6 +40,26 @@ def static_endpoints(urls: Sequence[str]) -> list[Endpoint]:
             raise ValueError(f"endpoint {url!r} is not an http(s) URL like http://10.0.0.5:8000")
         endpoints.append(Endpoint(id=url, name=parts.netloc, url=url, routable=True))
     return endpoints
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """Ready as kubelet computes it: its containers ready (ContainersReady)
+    and every readiness gate True, shoal's warm-up gate among them. Not the
+    Ready condition itself: kube-controller-manager also sets that False,
+    and nothing else, on every pod of a node it has not heard from for
+    node-monitor-grace-period, a node cut off from the control plane or a
+    control plane away that long. The engines still serve then, and the
+    router's own requests (breaker, retries) tell whether one does not; a
+    router that dropped them all answered 503 until kubelet wrote Ready again
+    (45 s on the real node after a 22 s API server restart)."""
+    conditions = {
+        str(c.get("type")): str(c.get("status")) == "True"
+        for c in pod.get("status", {}).get("conditions") or []
+    }
+    if "ContainersReady" not in conditions:  # not written by this kubelet: Ready's word
+        return conditions.get("Ready", False)
+    gates = [g.get("conditionType") for g in pod.get("spec", {}).get("readinessGates") or []]
+    return conditions["ContainersReady"] and all(conditions.get(g, False) for g in gates)
 
 
 def pod_endpoint(pod: dict[str, Any], *, engine_port: int) -> Endpoint | None:

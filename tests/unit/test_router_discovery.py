@@ -1,7 +1,5 @@
-"""Which pods are ready (`shoal.readiness`): those the router routes to
-(`pod_endpoint`) and the operator counts as serving (`pod_facts`), from
-their status as kubelet, kube-controller-manager and shoal's operator write
-it."""
+"""Which pods the router routes to (`pod_endpoint`), from their status as
+kubelet, kube-controller-manager and shoal's operator write it."""
 
 from __future__ import annotations
 
@@ -9,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from shoal.controller.names import CONDITION_WARMED, LABEL_REPLICA
-from shoal.controller.observe import pod_facts
+from shoal.controller.names import CONDITION_WARMED
 from shoal.router.discovery import pod_endpoint
 
 
@@ -23,7 +20,7 @@ def _pod(*, ready: str, containers: str | None, gate: str | None) -> dict[str, A
         spec["readinessGates"] = [{"conditionType": CONDITION_WARMED}]
         conditions.append({"type": CONDITION_WARMED, "status": gate})
     return {
-        "metadata": {"name": "eng-0", "uid": "u0", "labels": {LABEL_REPLICA: "0"}},
+        "metadata": {"name": "eng-0", "uid": "u0"},
         "spec": spec,
         "status": {"phase": "Running", "podIP": "10.0.0.5", "conditions": conditions},
     }
@@ -50,8 +47,6 @@ def test_a_pod_is_routable_on_kubelets_and_shoals_word(
     pod = _pod(ready=ready, containers=containers, gate=gate)
     endpoint = pod_endpoint(pod, engine_port=8000)
     assert endpoint is not None and endpoint.routable is routable
-    facts = pod_facts(pod, gpu_resource="nvidia.com/gpu")
-    assert facts is not None and facts.ready is routable
 
 
 def test_a_gate_not_yet_written_keeps_the_pod_out() -> None:
