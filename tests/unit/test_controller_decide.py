@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from shoal.api.status import ConditionStatus
+import pytest
+
+from shoal.api.status import ConditionReason, ConditionStatus
 from shoal.controller.decide import (
     DRAIN_GRACE_SECONDS,
     Desired,
+    HealPolicy,
     Memory,
     Probes,
     decide,
@@ -293,6 +296,59 @@ def test_a_restarted_member_restarts_its_group_and_a_fresh_group_is_stamped() ->
     )
     assert len(restarted.delete_pods) == 2
     assert "restarted" in restarted.restarts[0]
+
+
+def _crashing_group(desired: Desired) -> Observed:
+    """A formed group of two whose worker's engine exited and kubelet restarted it."""
+    leader, worker = pod_for(0), pod_for(0, role="worker", rank=1)
+    token = group_token([leader, worker])
+    replica = ReplicaFacts(
+        index=0,
+        leader=set_for(0, desired),
+        worker=set_for(0, desired, role="worker"),
+        pods=[replace(leader, group=token), replace(worker, group=token, restarts=1)],
+    )
+    return Observed(replicas={0: replica}, router=None)
+
+
+def test_a_member_that_keeps_crashing_restarts_its_group_with_backoff_within_the_budget() -> None:
+    """Each restart makes new pods, so kubelet's own back-off never starts:
+    without the heal policy's, a worker that crashes at start-up had its
+    group deleted and made again as fast as it crashed, and the crash's exit
+    code went with each deleted pod."""
+    policy = HealPolicy(
+        backoff_initial_seconds=10, backoff_max_seconds=300, max_restarts=3, window_seconds=600
+    )
+    desired = replace(desired_for(1, tensor=16), heal=policy)
+    observed = _crashing_group(desired)
+
+    first = decide(desired=desired, observed=observed, probes=Probes(), memory=Memory(), now=NOW)
+    assert len(first.delete_pods) == 2
+    assert first.memory.restart_times == {0: (NOW,)}
+
+    # Crashed again 4 s after that restart: out of rotation until 10 s have passed.
+    soon = decide(
+        desired=desired, observed=observed, probes=Probes(), memory=first.memory, now=NOW + 4
+    )
+    assert not soon.delete_pods and not soon.restarts
+    assert [(g.pod.name, g.status) for g in soon.gates] == [("c-r0-0", False)]
+    assert soon.unhealthy == {0}
+    assert soon.requeue_seconds == pytest.approx(6)
+    assert soon.memory.restart_times == {0: (NOW,)}
+
+    later = decide(
+        desired=desired, observed=observed, probes=Probes(), memory=first.memory, now=NOW + 10
+    )
+    assert len(later.delete_pods) == 2
+    assert later.memory.restart_times == {0: (NOW, NOW + 10)}
+
+    spent = Memory(restart_times={0: (NOW, NOW + 10, NOW + 30)})
+    done = decide(desired=desired, observed=observed, probes=Probes(), memory=spent, now=NOW + 400)
+    assert not done.delete_pods
+    assert done.unhealthy == {0}
+    assert done.degraded is not None
+    assert done.degraded[0] is ConditionReason.RESTART_BUDGET_EXHAUSTED
+    assert "c-r0-w-1" in done.degraded[1], done.degraded[1]
 
 
 def test_a_leader_is_admitted_once_its_engine_answers_health_and_its_group_is_complete() -> None:

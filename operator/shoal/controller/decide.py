@@ -11,7 +11,8 @@ decision (actions, events and the new memory) out. The reconciler
   of the group), at most rollout.maxUnavailable at a time, counting replicas
   that are already not Ready, the next only once the last is Ready again.
 - A multi-node group whose member was replaced or restarted restarts whole:
-  vLLM ranks cannot rejoin a running group.
+  vLLM ranks cannot rejoin a running group. A member that restarted (its
+  engine exited) restarts it within the heal policy's backoff and budget.
 - A leader is admitted (its warm-up gate set True) once its engine answers
   /health, its group is complete and, when warm-up has prompts, its warm-up
   (run by the reconciler, one per pod uid) verified it warm; a warm-up that
@@ -44,7 +45,7 @@ from enum import StrEnum
 from shoal.api.spec import OnTimeout
 from shoal.api.status import ConditionReason, ConditionStatus
 from shoal.controller.desired import ReplicaObjects, manifest_hash
-from shoal.controller.failures import replica_failure
+from shoal.controller.failures import replica_failure, termination
 from shoal.controller.identity import Manifest
 from shoal.controller.names import FIRST_WORKER_ORDINAL, LEADER_ORDINAL, pod_name
 from shoal.controller.observe import Observed, PodFacts, ReplicaFacts, SetFacts
@@ -192,6 +193,7 @@ class GateReason(StrEnum):
     WARMUP_TIMED_OUT = "WarmupTimedOut"
     WARMUP_HELD = "WarmupHeld"
     ENGINE_RESTARTED = "EngineRestarted"
+    GROUP_BROKEN = "GroupBroken"  # a member restarted; the group's restart waits its backoff
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -357,7 +359,9 @@ def decide(
     parts: list[Decision] = []
     drain_started: dict[int, float] = {}
     broken: set[int] = set()
+    held: set[int] = set()
     replacing: set[int] = set()
+    restart_times = dict(memory.restart_times)
     if desired is not None:
         # Pods left of a deleted StatefulSet go with it (garbage collection).
         surplus = {i for i in existing - wanted if observed.replica(i).sets}
@@ -372,13 +376,21 @@ def decide(
             parts.append(drained)
             if started is not None:
                 drain_started[index] = started
-        restarted = _restart_broken_groups(observed, indices=wanted & existing, nodes=desired.nodes)
+        restarted = _restart_broken_groups(
+            observed,
+            indices=wanted & existing,
+            nodes=desired.nodes,
+            policy=desired.heal,
+            times=restart_times,
+            now=now,
+        )
         broken = set(restarted.restarts)
+        # Held back: not restarted, healed or admitted; a rollout may replace them.
+        held = restarted.unhealthy
         missing = {i for i in desired.replicas if observed.replica(i).leader is None}
         rolled, in_flight = _roll_out(observed, desired, in_flight=in_flight, skip=broken | missing)
         replacing = rolled.replacing
         parts += [restarted, _create_missing(desired, missing), rolled]
-    restart_times = memory.restart_times
     # Without a valid spec nothing is judged: those out for health stay so.
     sick: frozenset[int] = memory.sick if desired is None else frozenset()
     restarting = memory.restarting if desired is None else frozenset()
@@ -389,12 +401,12 @@ def decide(
             desired,
             policy=desired.heal,
             health=probes.health,
-            memory=memory,
+            memory=dataclasses.replace(memory, restart_times=restart_times),
             now=now,
-            skip=broken | replacing,
+            skip=broken | replacing | held,
         )
         parts.append(healing.decision)
-        restart_times, sick = healing.restart_times, healing.keep_out
+        restart_times, sick = dict(healing.restart_times), healing.keep_out
         after_outage, restarting = healing.after_outage, healing.restarting
     deleting = {p.uid for part in parts for p in (*part.delete_pods, *part.replace_pods)}
     parts.append(
@@ -403,7 +415,7 @@ def decide(
             desired,
             probes=probes,
             indices=wanted & existing,
-            skip=broken | sick,
+            skip=broken | sick | held,
             deleting=deleting,
         )
     )
@@ -735,10 +747,23 @@ def _drain(
     return part, None
 
 
-def _restart_broken_groups(observed: Observed, *, indices: set[int], nodes: int) -> Decision:
+def _restart_broken_groups(
+    observed: Observed,
+    *,
+    indices: set[int],
+    nodes: int,
+    policy: HealPolicy | None,
+    times: dict[int, tuple[float, ...]],
+    now: float,
+) -> Decision:
     """Restart every multi-node group that lost or restarted a member; stamp
     complete new groups with their members, so a replaced member is noticed.
-    The groups restarted are the part's `restarts`."""
+    The groups restarted are the part's `restarts`. A member that restarted
+    (its engine exited) restarts its group within the heal policy's backoff
+    and budget, which `times` (restarts by replica) records: each restart
+    makes new pods, so kubelet's own back-off never starts, and a member
+    crashing at start-up would have its group made again as fast as it
+    crashed. A group held back is the part's `unhealthy`, out of rotation."""
     part = Decision()
     if nodes == 1:
         return part
@@ -748,10 +773,17 @@ def _restart_broken_groups(observed: Observed, *, indices: set[int], nodes: int)
         if not members:
             continue
         token = group_token(members)
-        restarted = [p.name for p in members if p.restarts > 0]
+        restarted = [p for p in members if p.restarts > 0]
         stale = [p for p in members if p.group is not None and p.group != token]
         if restarted:
-            why = f"pod {restarted[0]} restarted"
+            how = [t for c in restarted[0].containers if (t := termination(c)) is not None]
+            why = f"pod {restarted[0].name} restarted" + (f" ({how[0]})" if how else "")
+            if policy is not None:
+                wait = restart_wait(times.get(index, ()), policy, now=now)
+                if wait != 0.0:
+                    _hold_group(part, replica, why=why, policy=policy, wait=wait)
+                    continue
+                times[index] = (*times.get(index, ()), now)
         elif stale:
             new = [p.name for p in members if p.group is None]
             gone = sorted(set(member_names(replica, nodes)) - {p.name for p in members})
@@ -775,6 +807,38 @@ def _restart_broken_groups(observed: Observed, *, indices: set[int], nodes: int)
             )
         )
     return part
+
+
+def _hold_group(
+    part: Decision, replica: ReplicaFacts, *, why: str, policy: HealPolicy, wait: float | None
+) -> None:
+    """A broken group not restarted yet (wait: its backoff's seconds left) or
+    any more (None: its budget spent): out of rotation meanwhile."""
+    index, leader = replica.index, replica.leader_pod
+    part.unhealthy.add(index)
+    first = leader is not None and leader.warmed is not ConditionStatus.FALSE
+    if leader is not None and first:
+        part.gates.append(
+            Gate(pod=leader, status=False, reason=GateReason.GROUP_BROKEN, message=why)
+        )
+    if wait is not None:
+        part.poll(wait)
+        return
+    part.degraded = (
+        ConditionReason.RESTART_BUDGET_EXHAUSTED,
+        f"replica {index}'s group was restarted {policy.max_restarts} times within "
+        f"{policy.window_seconds:.0f}s and {why} again; it is kept out of rotation and no "
+        "longer restarted",
+    )
+    if first:
+        part.events.append(
+            Event(
+                EventType.WARNING,
+                ConditionReason.RESTART_BUDGET_EXHAUSTED,
+                part.degraded[1],
+                replica=index,
+            )
+        )
 
 
 def _create_missing(desired: Desired, missing: set[int]) -> Decision:
