@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import re
 import socket
+import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -189,6 +190,31 @@ def test_a_body_delimited_by_the_connection_end_and_an_interim_answer() -> None:
             return status, exchange.body()
 
     assert asyncio.run(scenario()) == (200, b"all of it")
+
+
+def test_a_body_delimited_by_the_connection_end_that_is_reset_is_not_complete() -> None:
+    """Only the connection's clean end (FIN) ends such a body: a reset (RST),
+    the engine's process killed say, cuts it short, and the client must not
+    be handed a part as the whole."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\npart of")
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # closed with linger 0: a reset
+
+    async def scenario() -> UpstreamError:
+        async with Server(script) as address:
+            exchange = await _exchange(Pool(connect_seconds=1), address)
+            await exchange.head
+            with pytest.raises(UpstreamError) as failure:
+                await asyncio.wait_for(exchange.done, 5)
+            return failure.value
+
+    assert asyncio.run(scenario()).answered
 
 
 def test_an_answer_is_held_within_its_own_limit_and_the_pools_budget() -> None:

@@ -255,10 +255,10 @@ class Exchange(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._pool.forget(self)
-        if self._until_eof and self.head.done() and not self.done.done():
-            self._finish()  # a body delimited by the connection's end
+        if exc is None and self._until_eof and self.head.done() and not self.done.done():
+            self._finish()  # a body delimited by the connection's clean end
         else:
-            self._fail("connection closed")
+            self._fail("connection reset" if exc is not None else "connection closed")
         self.transport = None
 
     # ---- httptools callbacks
