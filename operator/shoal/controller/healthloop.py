@@ -155,14 +155,14 @@ class HealthChecks:
     ) -> bool:
         """Record the assessment; whether the cluster should look at it now."""
         health = checks.health
-        tracker = checks.trackers.get(uid)
-        if tracker is None:
-            tracker = checks.trackers[uid] = HealthTracker(
-                stall_seconds=float(health.stall_seconds),
-                failure_threshold=health.failure_threshold,
-                error_rate_threshold=health.router_errors.threshold,
-                routed_min_requests=health.router_errors.min_requests,
-            )
+        tracker = checks.trackers.setdefault(
+            uid, HealthTracker(stall_seconds=health.stall_seconds, failure_threshold=1)
+        )
+        # As spec.health says now, with what it has seen: an edit reaches running pods.
+        tracker.stall_seconds = float(health.stall_seconds)
+        tracker.failure_threshold = health.failure_threshold
+        tracker.error_rate_threshold = health.router_errors.threshold
+        tracker.routed_min_requests = health.router_errors.min_requests
         assessment = tracker.observe(found, routed=routed)
         before = checks.latest.get(uid)
         checks.latest[uid] = assessment
