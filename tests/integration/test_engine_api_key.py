@@ -84,8 +84,11 @@ def test_the_router_sends_engines_its_engine_key_never_the_clients(tmp_path: Pat
         # Ready: the engines' /metrics were scraped without a key (open, as in vLLM).
         router([one, two], tmp_path, config=config) as front,
     ):
+        # The engines refuse the router's key: its failure, not the client's,
+        # whose key the router took; never the engine's 401 passed on.
         stale = _post(front, client)
-        assert stale.status_code == 401 and stale.json() == {"error": "Unauthorized"}
+        assert stale.status_code == 503, stale.text
+        assert "engine_key_refused" in stale.json()["error"]["message"]
 
         (tmp_path / "engine-key").write_text("sk-engine-new\n")  # rotated
         wait_until(
@@ -101,6 +104,23 @@ def test_the_router_sends_engines_its_engine_key_never_the_clients(tmp_path: Pat
         unkeyed = _post(front, {})
         assert unkeyed.status_code == 401  # the router's own check, OpenAI-shaped
         assert unkeyed.json()["error"]["code"] == 401
+
+
+def test_an_engine_that_refuses_the_routers_key_loses_no_request(tmp_path: Path) -> None:
+    """A rotated spec.engine.apiKeySecret reaches the routers' mounted file at
+    once and each engine only when it restarts: meanwhile an engine still on
+    the old key refuses the router's new one. Its 401 is the replica's
+    failure, retried on an engine that takes the key (and counted by the
+    breaker), not an 'invalid key' handed to a client whose key was good."""
+    (tmp_path / "engine-key").write_text("sk-engine-new\n")
+    config = {"engineKeyFile": str(tmp_path / "engine-key"), "policy": "round-robin"}
+    with (
+        sim(tmp_path, "--api-key", "sk-engine-old") as (_, old),
+        sim(tmp_path, "--api-key", "sk-engine-new") as (_, new),
+        router([old, new], tmp_path, config=config) as front,
+    ):
+        answers = [_post(front, {}) for _ in range(8)]
+    assert [a.status_code for a in answers] == [200] * 8, [a.text for a in answers]
 
 
 def test_the_operators_canary_and_warm_up_send_the_engines_key(tmp_path: Path) -> None:

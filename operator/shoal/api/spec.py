@@ -324,8 +324,9 @@ class EngineSpec(ApiModel):
         "engines in place of the client's Authorization (clients' keys are "
         "spec.router.apiKeySecret), and the operator reads it for its canary and warm-up. "
         "vLLM reads it once, at start: a changed Secret reaches routers within about a "
-        "minute but engines only when they restart, and requests fail with 401 between the "
-        "two. Default: engines need no key.",
+        "minute but engines only when they restart: meanwhile a request an engine refuses "
+        "is retried on one that takes the new key, and with none it is answered 503 "
+        "(engine_key_refused). Default: engines need no key.",
     )
     pod: PodSettings | None = Field(
         default=None,

@@ -14,6 +14,7 @@ import os
 import re
 import time
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 import aiohttp
@@ -531,6 +532,14 @@ class Proxy:
                 verdict = Outcome.FAILED
                 series.requests(502).inc()
                 raise UpstreamFailed("connect_error") from error
+            if status == HTTPStatus.UNAUTHORIZED:
+                # The router sent its engine key in place of the client's: a
+                # refusal is the replica's (another key, as while a rotated
+                # Secret reaches the engines one restart at a time), retried
+                # elsewhere; never an "invalid key" for a client whose was good.
+                verdict = Outcome.FAILED
+                series.requests(status).inc()
+                raise UpstreamFailed("engine_key_refused")
             if not (stream and status == 200):
                 exchange.disarm()
             if status >= 500:
