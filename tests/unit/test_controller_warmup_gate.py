@@ -22,7 +22,7 @@ from shoal.controller.decide import (
     WarmupPolicy,
     decide,
 )
-from shoal.controller.observe import Observed, ReplicaFacts
+from shoal.controller.observe import Observed, ReplicaFacts, warm_key
 from shoal.controller.status import StatusInputs, build_status
 from shoal.controller.warming import (
     config_map_prompts,
@@ -66,7 +66,9 @@ def new_leader(desired: Desired, **changes: object) -> Observed:
 
 
 def run(desired: Desired, observed: Observed, **warmups: WarmupOutcome) -> object:
-    probes = Probes(healthy={"uid-c-r0-0": True}, warmups=warmups)
+    """warmups by warm_key; a uid alone stands for the pod's first run."""
+    runs = {(k if "#" in k else f"{k}#0"): v for k, v in warmups.items()}
+    probes = Probes(healthy={"uid-c-r0-0": True}, warmups=runs)
     return decide(desired=desired, observed=observed, probes=probes, memory=Memory(), now=NOW)
 
 
@@ -100,6 +102,25 @@ def test_a_restarted_pod_new_uid_warms_again_though_the_old_uid_was_warm() -> No
     decision = decide(desired=desired, observed=observed, probes=probes, memory=Memory(), now=NOW)
     assert not decision.gates
     assert [p.uid for p in decision.warm] == ["uid-restarted"]
+
+
+def test_an_engine_restarted_in_its_pod_warms_again_though_that_pod_was_warm() -> None:
+    """kubelet restarts a dead engine in the same pod (same uid): it comes
+    back with an empty cache, and its gate went False (EngineRestarted) to
+    warm it again. The pod's earlier warm-up is not this run's: admitted on
+    it, the cold engine took traffic with a "Warmed" Event."""
+    desired = gated()
+    observed = new_leader(
+        desired,
+        restarts=1,
+        warmed=ConditionStatus.FALSE,
+        warmed_reason="EngineRestarted",
+    )
+    decision = run(desired, observed, **{"uid-c-r0-0": WARM})
+    assert not decision.gates  # type: ignore[attr-defined]
+    assert [p.name for p in decision.warm] == ["c-r0-0"]  # type: ignore[attr-defined]
+    again = run(desired, observed, **{warm_key(pod_for(0, restarts=1)): WARM})
+    assert [(g.status, g.reason) for g in again.gates] == [(True, "Warmed")]  # type: ignore[attr-defined]
 
 
 def test_a_timed_out_warm_up_admits_with_a_warning_when_on_timeout_is_admit() -> None:
@@ -216,18 +237,18 @@ def _status(observed: Observed, decision: object, warmups: dict[str, WarmupOutco
 
 def test_status_shows_warming_then_serving_with_its_hit_ratio_or_held() -> None:
     desired = gated(OnTimeout.HOLD)
-    running = {"uid-c-r0-0": WarmupOutcome(running=True)}
+    running = {"uid-c-r0-0#0": WarmupOutcome(running=True)}
     cold = new_leader(desired)
     [entry] = _status(cold, run(desired, cold, **running), running)["replicaStatuses"]
     assert entry["state"] == "Warming"
     warm_pod = new_leader(desired, ready=True, warmed=ConditionStatus.TRUE)
-    status = _status(warm_pod, run(desired, warm_pod, **{"uid-c-r0-0": WARM}), {"uid-c-r0-0": WARM})
+    status = _status(warm_pod, run(desired, warm_pod, **{"uid-c-r0-0#0": WARM}), {"uid-c-r0-0#0": WARM})
     [entry] = status["replicaStatuses"]
     assert (entry["state"], entry["warmupHitRatio"]) == ("Serving", 0.97)
     assert "12 prompts" in entry["warmup"]
     assert status["warmReplicas"] == 1
     held = new_leader(desired, warmed=ConditionStatus.FALSE)
-    failed = {"uid-c-r0-0": TIMED_OUT}
+    failed = {"uid-c-r0-0#0": TIMED_OUT}
     status = _status(held, run(desired, held, **failed), failed)
     [entry] = status["replicaStatuses"]
     assert entry["state"] == "Held"

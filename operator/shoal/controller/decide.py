@@ -48,7 +48,7 @@ from shoal.controller.desired import ReplicaObjects, manifest_hash
 from shoal.controller.failures import replica_failure, termination
 from shoal.controller.identity import Manifest
 from shoal.controller.names import FIRST_WORKER_ORDINAL, LEADER_ORDINAL, pod_name
-from shoal.controller.observe import Observed, PodFacts, ReplicaFacts, SetFacts
+from shoal.controller.observe import Observed, PodFacts, ReplicaFacts, SetFacts, warm_key
 from shoal.controller.rollout import (
     Marks,
     RolloutPolicy,
@@ -141,7 +141,7 @@ class Probes:
 
     healthy: Mapping[str, bool] = field(default_factory=dict)
     metrics: Mapping[str, MetricsSnapshot | None] = field(default_factory=dict)
-    warmups: Mapping[str, WarmupOutcome] = field(default_factory=dict)
+    warmups: Mapping[str, WarmupOutcome] = field(default_factory=dict)  # by warm_key
     health: Mapping[str, Assessment] = field(default_factory=dict)  # by leader pod uid
 
 
@@ -1046,7 +1046,7 @@ def _admit(
             continue
         policy = desired.warmup if desired is not None else None
         if policy is not None:
-            outcome = probes.warmups.get(leader.uid)
+            outcome = probes.warmups.get(warm_key(leader))
             gate, event = warmup_gate(leader, index=index, policy=policy, outcome=outcome)
             if gate is None:
                 if outcome is None:

@@ -229,6 +229,12 @@ def _enum_or_none(kind: type[Waiting], value: Any) -> Waiting | None:
         return None
 
 
+def warm_key(pod: PodFacts) -> str:
+    """One run of a pod's engine: its uid and restarts. A warm-up is of one
+    run: kubelet restarting the engine in place (same uid) empties its cache."""
+    return f"{pod.uid}#{pod.restarts}"
+
+
 def container_facts(status: Manifest) -> ContainerFacts:
     """One entry of a pod's containerStatuses."""
     state, last = status.get("state") or {}, status.get("lastState") or {}

@@ -75,6 +75,7 @@ from shoal.controller.observe import (
     newest_message,
     observe,
     set_facts,
+    warm_key,
 )
 from shoal.controller.placement import GPU_COUNT_LABEL, with_gpu_facts
 from shoal.controller.probes import engine_key
@@ -459,7 +460,9 @@ async def _probe(
     return Probes(
         healthy=healthy,
         metrics=scraped,
-        warmups=ctx.warmups.outcomes(ref, live),
+        warmups=ctx.warmups.outcomes(
+            ref, {warm_key(p) for r in observed.replicas.values() for p in r.pods}
+        ),
         health=assessed,
     )
 

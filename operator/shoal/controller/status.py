@@ -34,7 +34,7 @@ from shoal.controller.failures import (
     replica_failure,
 )
 from shoal.controller.names import ANNOTATION_PAUSED, leader_selector_text, router_name
-from shoal.controller.observe import Observed, ReplicaFacts
+from shoal.controller.observe import Observed, ReplicaFacts, warm_key
 from shoal.controller.restarts import recent_restarts, wall_seconds
 from shoal.engine.metrics import KVPool
 
@@ -184,7 +184,7 @@ def _state(inputs: StatusInputs, replica: ReplicaFacts, *, wanted: int, nodes: i
         return ReplicaState.RESTARTING
     if leader is not None and leader.ready and group_complete(replica, nodes):
         return ReplicaState.SERVING
-    outcome = inputs.probes.warmups.get(leader.uid) if leader is not None else None
+    outcome = inputs.probes.warmups.get(warm_key(leader)) if leader is not None else None
     held = leader is not None and leader.warmed is ConditionStatus.FALSE
     if outcome is not None and outcome.failed and held:
         return ReplicaState.HELD  # its warm-up did not verify and onTimeout is Hold
@@ -224,7 +224,7 @@ def _replica_status(
     ratio, warmup = previous.get("warmupHitRatio"), previous.get("warmup")
     failure = replica_failure(replica)
     leader = replica.leader_pod
-    outcome = inputs.probes.warmups.get(leader.uid) if leader is not None else None
+    outcome = inputs.probes.warmups.get(warm_key(leader)) if leader is not None else None
     if outcome is not None and not outcome.running:
         ratio = None if outcome.hit_ratio is None else round(outcome.hit_ratio, 3)
         warmup = outcome.message[:2048]

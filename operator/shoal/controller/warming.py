@@ -20,7 +20,7 @@ from shoal.controller.engine import served_model_name
 from shoal.controller.identity import ClusterRef
 from shoal.controller.kube import KubeApi
 from shoal.controller.names import ENGINE_PORT, router_selector, selector_text
-from shoal.controller.observe import PodFacts
+from shoal.controller.observe import PodFacts, warm_key
 from shoal.controller.probes import engine_key
 from shoal.engine.client import EngineClient
 from shoal.engine.endpoints import base_url
@@ -100,7 +100,7 @@ def merged_hot_prefixes(answers: Iterable[Any]) -> list[Prompt]:
 
 
 class Warmups:
-    """The operator's warm-up tasks, by cluster and leader pod uid."""
+    """The operator's warm-up tasks, by cluster and leader engine run (`warm_key`)."""
 
     def __init__(self, *, engine: EngineClient, concurrency: int = WARMUP_CONCURRENCY) -> None:
         self._engine = engine  # the operator's; its owner closes it
@@ -108,7 +108,8 @@ class Warmups:
         self._tasks: dict[ClusterRef, dict[str, asyncio.Task[WarmupOutcome]]] = {}
 
     def outcomes(self, ref: ClusterRef, live: set[str]) -> dict[str, WarmupOutcome]:
-        """State of the cluster's warm-ups of live pods; those of gone pods are dropped."""
+        """State of the cluster's warm-ups of live runs (`warm_key`); those of
+        gone pods, or of engines since restarted, are dropped."""
         tasks = self._tasks.setdefault(ref, {})
         for uid in [u for u in tasks if u not in live]:
             tasks.pop(uid).cancel()
@@ -131,11 +132,12 @@ class Warmups:
         done: Callable[[], None],
     ) -> None:
         tasks = self._tasks.setdefault(ref, {})
-        if pod.uid in tasks:
+        key = warm_key(pod)
+        if key in tasks:
             return
         task = asyncio.create_task(self._run(kube, ref, spec, pod))
         task.add_done_callback(lambda _: done())
-        tasks[pod.uid] = task
+        tasks[key] = task
 
     def forget(self, ref: ClusterRef) -> None:
         for task in self._tasks.pop(ref, {}).values():
