@@ -269,6 +269,11 @@ def test_a_prompts_config_map_of_aliases_costs_what_its_prompts_may_weigh() -> N
         config_map_prompts(bomb, max_prompts=256)
     read = "- a\n" * 300 + "- 5\n"  # the entry past maxPrompts, bad, is never read
     assert len(config_map_prompts(read, max_prompts=300)) == 300
+    # The same through a Messages request's system text parts, joined into
+    # one string before any message count applies (20 MB from 64 KB here).
+    parts = "[&p {type: text, text: " + "z" * 65_536 + "}" + ", *p" * 299 + "]"
+    with pytest.raises(ValueError, match="too large"):
+        config_map_prompts(f"- system: {parts}\n  messages: []\n", max_prompts=4)
     long = "- messages: [&t {role: user, content: " + "y" * 60_000 + "}" + ", *t" * 63 + "]\n"
     cut = combine([config_map_prompts(long, max_prompts=4)], max_prompts=4)
     assert [p.size for p in cut] == [MAX_PROMPT_CHARS] and len(cut[0].messages or ()) == 2

@@ -59,6 +59,32 @@ class Prompt:
         return Prompt(messages=tuple(kept))
 
 
+# What one prompt object may span as YAML gives it (an alias counted at each
+# use): a chat's messages with their text parts, and their text. Past it the
+# object is refused, not cut: aliases made a 64 KB key into gigabytes of text.
+MAX_OBJECT_NODES = WARMUP_PROMPT_MESSAGES * 64
+MAX_OBJECT_CHARS = WARMUP_PROMPT_MESSAGES * MAX_PROMPT_CHARS
+
+
+def _within_bounds(item: Any) -> None:
+    nodes = chars = 0
+    pending = [item]
+    while pending:
+        value = pending.pop()
+        nodes += 1
+        if isinstance(value, str):
+            chars += len(value)
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+        if nodes > MAX_OBJECT_NODES or chars > MAX_OBJECT_CHARS:
+            raise ValueError(
+                f"a warm-up prompt object is too large (more than {MAX_OBJECT_NODES} values "
+                f"or {MAX_OBJECT_CHARS} characters, YAML aliases counted at each use)"
+            )
+
+
 def from_object(item: Any) -> Prompt:
     """A prompt from `{"prompt": ...}`, `{"text": ...}`, `{"messages": [...]}`, a
     Responses request (`instructions`, `input`) or a Messages one (`system`,
@@ -70,6 +96,7 @@ def from_object(item: Any) -> Prompt:
     if "input" in item or "system" in item:
         # A Responses or Messages request: the engine renders it with the chat
         # template, so its chat form warms the cache those requests hit.
+        _within_bounds(item)  # its text parts are joined before any cut
         shape = Shape.RESPONSES if "input" in item else Shape.MESSAGES
         item = chat_form(shape, item) or {}
     if "messages" in item and item["messages"] is not None:
