@@ -55,6 +55,19 @@ def test_hostile_requests_get_openai_errors_and_leave_the_router_serving(tmp_pat
         deep = b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
         error = _openai_error(httpx.post(front + "/v1/completions", content=deep, timeout=10), 400)
         assert "[[[" not in json.dumps(error)
+        # Within orjson's 1,024 levels, past what str() of it may recurse.
+        nested = b'{"model": "m", "prompt": "hi", "user": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+        error = _openai_error(httpx.post(front + "/v1/completions", content=nested, timeout=10), 400)
+        assert "nested" in str(error["message"])
+        chat = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text"}]}]}
+        chat_deep = json.dumps(chat).encode().replace(
+            b'"type": "text"', b'"type": "text", "text": ' + b"[" * 1000 + b"]" * 1000
+        )
+        answer = httpx.post(front + "/v1/chat/completions", content=chat_deep, timeout=10)
+        _openai_error(answer, 400)
+        # Past Python's 4,300-digit limit: orjson refuses it, json too, as a ValueError.
+        digits = b'{"model": "m", "prompt": "hi", "max_tokens": ' + b"1" * 5000 + b"}"
+        _openai_error(httpx.post(front + "/v1/completions", content=digits, timeout=10), 400)
         garbled = httpx.post(
             front + "/v1/completions",
             json=FINE,

@@ -264,28 +264,34 @@ class Proxy:
         if body is None:
             self.metrics.rejected.labels("bad_request").inc()
             return error_response(400, problem or "Invalid request.", param="body")
-        plan = plan_request(
-            route,
-            body,
-            match=target.match,
-            query=request.query,
-            replica_ids=self.fleet.replicas.keys(),
-        )
-        if isinstance(plan, Refusal):
-            return plan.response()
-
-        prompt = plan.text
-        decision_start = time.perf_counter()
-        key = (
-            prefix_key(
-                prompt,
-                block_chars=self.config.thresholds.prefix_block_chars,
-                max_blocks=self.config.thresholds.max_prefix_blocks,
+        try:
+            # Values nested within the parsers' limits (orjson's 1,024 levels)
+            # but past what rendering them as text may recurse: the client's.
+            plan = plan_request(
+                route,
+                body,
+                match=target.match,
+                query=request.query,
+                replica_ids=self.fleet.replicas.keys(),
             )
-            if plan.cache_aware
-            else PrefixKey(hashes=[], blocks=0)
-        )
-        facts = request_facts(prompt, key, self.config, session_key=_session_key(request, body))
+            if isinstance(plan, Refusal):
+                return plan.response()
+            prompt = plan.text
+            decision_start = time.perf_counter()
+            key = (
+                prefix_key(
+                    prompt,
+                    block_chars=self.config.thresholds.prefix_block_chars,
+                    max_blocks=self.config.thresholds.max_prefix_blocks,
+                )
+                if plan.cache_aware
+                else PrefixKey(hashes=[], blocks=0)
+            )
+            session = _session_key(request, body)
+        except RecursionError:
+            self.metrics.rejected.labels("bad_request").inc()
+            return error_response(400, NESTED_TOO_DEEPLY, param="body")
+        facts = request_facts(prompt, key, self.config, session_key=session)
         decision_seconds = time.perf_counter() - decision_start
         if self.hot is not None and plan.hot_body is not None:
             self.hot.observe(prompt, key, plan.hot_body)
@@ -794,14 +800,18 @@ def _parse_body(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
     return _checked(body)
 
 
+NESTED_TOO_DEEPLY = "Request body is nested too deeply."
+
+
 def _parse_body_strictly(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        # Where it broke, not the bytes there: nothing of the request is echoed.
-        return None, f"Request body is not valid JSON ({type(error).__name__})."
     except RecursionError:
-        return None, "Request body is nested too deeply."
+        return None, NESTED_TOO_DEEPLY
+    except ValueError as error:
+        # Where it broke, not the bytes there: nothing of the request is echoed.
+        # A ValueError of its own: an integer past Python's 4,300 digits.
+        return None, f"Request body is not valid JSON ({type(error).__name__})."
     return _checked(body)
 
 
