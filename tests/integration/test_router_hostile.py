@@ -57,11 +57,15 @@ def test_hostile_requests_get_openai_errors_and_leave_the_router_serving(tmp_pat
         assert "[[[" not in json.dumps(error)
         # Within orjson's 1,024 levels, past what str() of it may recurse.
         nested = b'{"model": "m", "prompt": "hi", "user": ' + b"[" * 1000 + b"]" * 1000 + b"}"
-        error = _openai_error(httpx.post(front + "/v1/completions", content=nested, timeout=10), 400)
+        error = _openai_error(
+            httpx.post(front + "/v1/completions", content=nested, timeout=10), 400
+        )
         assert "nested" in str(error["message"])
         chat = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text"}]}]}
-        chat_deep = json.dumps(chat).encode().replace(
-            b'"type": "text"', b'"type": "text", "text": ' + b"[" * 1000 + b"]" * 1000
+        chat_deep = (
+            json.dumps(chat)
+            .encode()
+            .replace(b'"type": "text"', b'"type": "text", "text": ' + b"[" * 1000 + b"]" * 1000)
         )
         answer = httpx.post(front + "/v1/chat/completions", content=chat_deep, timeout=10)
         _openai_error(answer, 400)
@@ -246,4 +250,49 @@ def test_a_body_that_trickles_in_gets_408_within_the_body_deadline(tmp_path: Pat
         assert head.startswith(b"HTTP/1.1 408"), answer
         assert json.loads(body)["error"]["code"] == 408
         assert waited < 5
+        assert httpx.post(front + "/v1/completions", json=FINE, timeout=10).status_code == 200
+
+
+def _flood(front: str, head: bytes, filler: bytes, *, limit: int) -> tuple[int, bytes]:
+    """Send head, then filler until the router stops taking it or `limit`
+    bytes went: how many went, and what the router answered."""
+    host, port = front.removeprefix("http://").split(":")
+    sent = 0
+    with socket.create_connection((host, int(port)), timeout=10) as client:
+        client.sendall(head)
+        try:
+            while sent < limit:
+                client.sendall(filler)
+                sent += len(filler)
+        except OSError:  # reset or pipe broken: it stopped reading
+            pass
+        client.settimeout(5)
+        try:
+            answer = client.recv(65536)
+        except OSError:
+            answer = b""
+    return sent, answer
+
+
+def test_a_request_framed_with_far_more_bytes_than_its_body_is_refused(tmp_path: Path) -> None:
+    """A chunked body's trailer fields (after its last chunk) and its chunk
+    framing are neither head nor body: a trailer that never ended was read
+    without bound (96 MB held, the loop stalled 8 s, before any key was
+    checked), and 2-byte chunks made a body within the limit cost 22 times
+    it. Framing past twice the body limit is refused."""
+    with sims(1, tmp_path) as urls, router(urls, tmp_path) as front:
+        head = (
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        limit = 40 * 1024 * 1024  # ten times the default 4 MiB body limit
+        sent, answer = _flood(
+            front, head + b"1\r\n{\r\n0\r\nX-Trailer: ", b"a" * 65536, limit=limit
+        )
+        assert sent < limit, "the whole trailer was read"
+        assert answer.startswith(b"HTTP/1.1 400") or not answer, answer[:200]
+        # 20 MiB of framing for under 3 MiB of body: within the body limit.
+        framed = 20 * 1024 * 1024
+        sent, answer = _flood(front, head, b"1\r\n \r\n" * 10_000, limit=framed)
+        assert sent < framed, "the whole body of 1-byte chunks was read"
         assert httpx.post(front + "/v1/completions", json=FINE, timeout=10).status_code == 200

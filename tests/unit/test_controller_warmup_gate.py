@@ -242,7 +242,9 @@ def test_status_shows_warming_then_serving_with_its_hit_ratio_or_held() -> None:
     [entry] = _status(cold, run(desired, cold, **running), running)["replicaStatuses"]
     assert entry["state"] == "Warming"
     warm_pod = new_leader(desired, ready=True, warmed=ConditionStatus.TRUE)
-    status = _status(warm_pod, run(desired, warm_pod, **{"uid-c-r0-0#0": WARM}), {"uid-c-r0-0#0": WARM})
+    status = _status(
+        warm_pod, run(desired, warm_pod, **{"uid-c-r0-0#0": WARM}), {"uid-c-r0-0#0": WARM}
+    )
     [entry] = status["replicaStatuses"]
     assert (entry["state"], entry["warmupHitRatio"]) == ("Serving", 0.97)
     assert "12 prompts" in entry["warmup"]

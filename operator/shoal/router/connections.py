@@ -143,6 +143,8 @@ class ClientConnection(asyncio.Protocol):
         self._idle_since = 0.0
         self._in_head = False
         self._head_bytes = 0
+        self._framed_bytes = 0  # read since the last head ended
+        self._max_framed = 2 * server.client_max_size + _MAX_HEAD_BYTES
         self._url = b""
         self._fields: list[tuple[bytes, bytes]] = []
         self._parsing: Incoming | None = None  # whose body the parser is reading
@@ -211,6 +213,13 @@ class ClientConnection(asyncio.Protocol):
                 self._head_bytes += len(data)
                 if self._head_bytes > _MAX_HEAD_BYTES:
                     raise _Refused("headers too large")
+            else:
+                # A chunked body's framing and trailer fields are neither head
+                # nor body: bounded at twice the body limit (a trailer that
+                # never ended was read without end, tiny chunks cost 22x).
+                self._framed_bytes += len(data)
+                if self._framed_bytes > self._max_framed:
+                    raise _Refused("body framing too large")
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             # An upgrade (h2c, websocket) is not offered: what was parsed is
@@ -315,6 +324,7 @@ class ClientConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._framed_bytes = 0
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
