@@ -68,8 +68,10 @@ class SteadyLoad:
         *,
         pause: float = 0.05,
         chat: Callable[[int], list[dict[str, str]] | None] = lambda n: None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.url = url
+        self.headers = headers or {}
         self.prompt = prompt
         self.chat = chat  # request n's messages, to send it as chat instead
         self.pause = pause
@@ -80,7 +82,7 @@ class SteadyLoad:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        with httpx.Client(timeout=30) as client:
+        with httpx.Client(timeout=30, headers=self.headers) as client:
             n = 0
             while not self._stop.is_set():
                 started = time.time()
@@ -343,11 +345,19 @@ HOT_SYSTEM = "You are the support desk of the shoal fleet. " + " ".join(
 
 def test_a_new_replica_warms_from_the_routers_hot_prefixes(testbed: Testbed, ns: str) -> None:
     assert 2048 < len(HOT_SYSTEM) < 2048 + 64
+    # Clients need a key, and so does the operator to read the hot prefixes.
+    keys = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "router-keys"}}
+    apply(testbed, ns, {**keys, "stringData": {"keys": "sk-hot-1\nsk-hot-2\n"}})
+    keyed = {"Authorization": "Bearer sk-hot-2"}
     manifest = cluster_manifest(
         "hot",
         replicas=1,
         tensor=4,
-        router={"policy": "round-robin", "hotPrefixes": {"enabled": True}},
+        router={
+            "policy": "round-robin",
+            "hotPrefixes": {"enabled": True},
+            "apiKeySecret": {"name": "router-keys", "key": "keys"},
+        },
         # No inline prompts and no ConfigMap: the router is the only source.
         warmup={"hotPrefixes": True, "timeoutSeconds": 60, "minHitRatio": 0.8},
     )
@@ -369,12 +379,14 @@ def test_a_new_replica_warms_from_the_routers_hot_prefixes(testbed: Testbed, ns:
         return [{"role": "system", "content": HOT_SYSTEM}, {"role": "user", "content": user}]
 
     with (
-        SteadyLoad(url, question, pause=0.1, chat=chat) as load,
+        SteadyLoad(url, question, pause=0.1, chat=chat, headers=keyed) as load,
         EngineSampler(testbed, ns, "hot-r1-0") as sampler,
     ):
         wait_for(lambda: len(load.routed) >= 10, what="traffic through the router", timeout=30)
         # What the operator reads: the router's internal port (9090), from inside.
-        hot = httpx.get(f"http://{router_ip}:9090/hot-prefixes", timeout=5).json()["prefixes"]
+        inside = f"http://{router_ip}:9090/hot-prefixes"
+        assert httpx.get(inside, timeout=5).status_code == 401  # the users' prompts
+        hot = httpx.get(inside, headers=keyed, timeout=5).json()["prefixes"]
         texts = [p["prompt"] for p in hot if "prompt" in p]
         assert sorted(len(t) for t in texts) == [64, 128, 256, 512, 1024, 2048], texts
         assert all(HOT_SYSTEM.startswith(t) for t in texts)

@@ -135,19 +135,28 @@ def test_broken_metrics_count_as_full_load_but_never_cause_an_outage(tmp_path: P
         assert all(r.status_code == 200 for r in responses)
 
 
-def test_hot_prefixes_are_served_on_the_internal_port_only(tmp_path: Path) -> None:
+def test_hot_prefixes_are_served_on_the_internal_port_only_and_with_a_key(
+    tmp_path: Path,
+) -> None:
+    """Their text is the users' prompts: as private as the API they came
+    through (placements, hashes of it, asked a key already)."""
     internal = free_port()
     shared = "You are the support assistant of ACME. Answer briefly and kindly. " * 6
-    config = {"hotPrefixes": {"enabled": True, "maxPrefixes": 4}, "internalPort": internal}
+    (tmp_path / "keys").write_text("sk-one\n")
+    config = {
+        "hotPrefixes": {"enabled": True, "maxPrefixes": 4},
+        "internalPort": internal,
+        "apiKeyFile": str(tmp_path / "keys"),
+    }
+    keyed = {"Authorization": "Bearer sk-one"}
     with sims(1, tmp_path) as urls, router(urls, tmp_path, config=config) as front:
         for i in range(5):
-            assert (
-                _post(
-                    front, {"model": MODEL, "prompt": shared + f"Q{i}?", "max_tokens": 1}
-                ).status_code
-                == 200
-            )
-        hot = httpx.get(f"http://127.0.0.1:{internal}/hot-prefixes", timeout=5).json()
+            body = {"model": MODEL, "prompt": shared + f"Q{i}?", "max_tokens": 1}
+            answer = httpx.post(front + "/v1/completions", json=body, headers=keyed, timeout=10)
+            assert answer.status_code == 200, answer.text
+        inside = f"http://127.0.0.1:{internal}/hot-prefixes"
+        assert httpx.get(inside, timeout=5).status_code == 401
+        hot = httpx.get(inside, headers=keyed, timeout=5).json()
         prompts = [p["prompt"] for p in hot["prefixes"]]
         assert prompts and all(shared.startswith(p) for p in prompts)
         assert max(len(p) for p in prompts) >= 256

@@ -10,7 +10,7 @@ import base64
 import binascii
 import logging
 
-from shoal.api.spec import VLLMClusterSpec
+from shoal.api.spec import SecretKeyRef, VLLMClusterSpec
 from shoal.controller.kube import KubeApi
 from shoal.controller.names import ENGINE_PORT
 from shoal.engine.client import EngineClient
@@ -26,20 +26,29 @@ async def engine_key(kube: KubeApi, *, namespace: str, spec: VLLMClusterSpec) ->
     for the operator's canary and warm-up (vLLM guards /v1): its first line,
     as the router reads its mounted copy. None without one, or when the Secret
     or its key is missing (the engines cannot start then either)."""
-    secret = spec.engine.api_key_secret
+    return await _first_key(kube, namespace, spec.engine.api_key_secret, what="engine API key")
+
+
+async def router_key(kube: KubeApi, *, namespace: str, spec: VLLMClusterSpec) -> str | None:
+    """A key the cluster's routers accept (spec.router.apiKeySecret's first
+    line), for the operator's reads of their hot prefixes; None without one."""
+    return await _first_key(kube, namespace, spec.router.api_key_secret, what="router API key")
+
+
+async def _first_key(
+    kube: KubeApi, namespace: str, secret: SecretKeyRef | None, *, what: str
+) -> str | None:
     if secret is None:
         return None
     found = await kube.get("v1", "Secret", namespace, secret.name)
     encoded = ((found or {}).get("data") or {}).get(secret.key)
     if not encoded:
-        log.warning(
-            "engine API key: Secret %s/%s has no key %r", namespace, secret.name, secret.key
-        )
+        log.warning("%s: Secret %s/%s has no key %r", what, namespace, secret.name, secret.key)
         return None
     try:
         lines = base64.b64decode(encoded).decode().splitlines()
     except (binascii.Error, UnicodeDecodeError):
-        log.warning("engine API key: %s/%s[%s] is not text", namespace, secret.name, secret.key)
+        log.warning("%s: %s/%s[%s] is not text", what, namespace, secret.name, secret.key)
         return None
     return next((line.strip() for line in lines if line.strip()), None)
 

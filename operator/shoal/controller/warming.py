@@ -21,7 +21,7 @@ from shoal.controller.identity import ClusterRef
 from shoal.controller.kube import KubeApi
 from shoal.controller.names import ENGINE_PORT, router_selector, selector_text
 from shoal.controller.observe import PodFacts, warm_key
-from shoal.controller.probes import engine_key
+from shoal.controller.probes import engine_key, router_key
 from shoal.engine.client import EngineClient
 from shoal.engine.endpoints import base_url
 from shoal.engine.errors import EngineError
@@ -197,7 +197,8 @@ async def _prompts(
         if content:
             sources.append(config_map_prompts(content, max_prompts=warmup.max_prompts))
     if warmup.hot_prefixes and spec.router.hot_prefixes.enabled:
-        sources.append(await _hot_prefixes(kube, ref, engine=engine))
+        key = await router_key(kube, namespace=ref.namespace, spec=spec)
+        sources.append(await _hot_prefixes(kube, ref, engine=engine.with_key(key)))
     return combine(sources, max_prompts=warmup.max_prompts)
 
 

@@ -302,9 +302,12 @@ class Router:
                 merged.setdefault(str(model.get("id")), model)
         return web.json_response({"object": "list", "data": list(merged.values())})
 
-    async def hot_prefixes(self, _: Incoming) -> web.Response:
+    async def hot_prefixes(self, request: Incoming) -> web.Response:
         if self.hot is None:
             return error_response(404, "Hot prefixes are disabled.")
+        if not self.proxy.authorized(request):
+            # The users' prompts: as private as the API they came through.
+            return error_response(401, "Missing or invalid API key.", param="Authorization")
         return web.json_response({"prefixes": self.hot.top()})
 
     async def answer(self, request: Incoming) -> Answer:
