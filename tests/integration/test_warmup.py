@@ -14,6 +14,7 @@ import httpx
 
 from shoal.controller.warming import hot_prefix_prompts
 from shoal.engine.client import EngineClient
+from shoal.engine.errors import Unreachable
 from shoal.engine.metrics import parse
 from shoal.warmup.prompts import Prompt
 from shoal.warmup.runner import WarmupResult, warm
@@ -55,6 +56,34 @@ def test_an_engine_briefly_unreachable_is_warmed_once_it_answers(tmp_path: Path)
     result = asyncio.run(warmed("http://127.0.0.1:9", _prompts(2, 8), timeout_seconds=2))
     assert result.verdict is Verdict.UNREACHABLE, result.message
     assert "deadline of 2s passed; the engine last failed" in result.message, result.message
+
+
+class _BlipOnce(EngineClient):
+    """A client whose completion number `at` fails once, as a blip would."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    async def complete(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.at:
+            raise Unreachable("reset by peer (a blip)")
+        return await super().complete(*args, **kwargs)
+
+
+def test_a_blip_during_the_replay_is_retried_not_the_end_of_the_warm_up(tmp_path: Path) -> None:
+    """One failing call in the replay (after the round's 6 sends) ended the
+    warm-up Unreachable: a cold engine admitted under Admit, held for good
+    under Hold."""
+
+    async def run(url: str) -> WarmupResult:
+        async with _BlipOnce(at=7) as engine:
+            return await warm(url, _prompts(6, 8), engine=engine, timeout_seconds=30)
+
+    with sims(1, tmp_path) as urls:
+        result = asyncio.run(run(urls[0]))
+    assert result.verdict is Verdict.WARM, result.message
 
 
 def test_a_prompt_the_engine_refuses_is_skipped_not_the_warm_up(tmp_path: Path) -> None:

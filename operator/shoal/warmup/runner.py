@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from shoal.engine import endpoints
 from shoal.engine.client import EngineClient
@@ -21,6 +22,8 @@ from shoal.engine.errors import BadAnswer, EngineError, ErrorStatus
 from shoal.engine.metrics import Metric
 from shoal.warmup.prompts import Prompt
 from shoal.warmup.verify import Verdict, expected_hits, hit_ratio, replay_sample
+
+T = TypeVar("T")
 
 # Between rounds that could not reach the engine (all within the deadline).
 RETRY_SECONDS = 0.5
@@ -76,6 +79,21 @@ async def _send(
             raise Refused(str(error)) from error
         raise
     return usage.prompt_tokens
+
+
+async def _all(sends: Iterable[Awaitable[T]]) -> list[T]:
+    """Every send's result, as gather gives them; when one fails, the others
+    are cancelled (and waited for) before its error is raised: left running,
+    they went on sending into the next round (their hits counted in its
+    replay) or past the warm-up's end, at an address another pod may have."""
+    tasks = [asyncio.ensure_future(send) for send in sends]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def warm(
@@ -135,33 +153,34 @@ async def warm(
                 rounds += 1
                 try:
                     model = model or await _served_model(engine, endpoint, request_timeout_seconds)
-                    tokens = await asyncio.gather(*(send(p) for p in prompts))
+                    tokens = await _all(send(p) for p in prompts)
                     hits_before, block_size = await _metrics(
                         engine, endpoint, request_timeout_seconds
                     )
+                    if block_size is None:
+                        return result(Verdict.UNREACHABLE, f"no {Metric.CACHE_CONFIG} block size")
+                    accepted = [i for i, t in enumerate(tokens) if t is not None]
+                    sample = [accepted[j] for j in replay_sample(len(accepted), size=sample_size)]
+                    expected = [expected_hits(tokens[i] or 0, block_size) for i in sample]
+                    if sum(expected) == 0:
+                        return result(
+                            Verdict.NOTHING_TO_VERIFY,
+                            f"no sampled prompt is longer than one {block_size}-token block",
+                        )
+                    # One at a time: a replay must not hit blocks another replay
+                    # is computing in the same step.
+                    for i in sample:
+                        await send(prompts[i])
+                    hits_after, _ = await _metrics(engine, endpoint, request_timeout_seconds)
                 except EngineError as error:
-                    # No answer, or a failing one: the engine restarting, or a
-                    # stopping process still at its address. Again until the
-                    # deadline (one error admitted a cold engine at once).
+                    # No answer, or a failing one, in the round or its replay:
+                    # the engine restarting, a stopping process still at its
+                    # address, a blip. Again until the deadline (one error
+                    # admitted a cold engine at once, or held it for good).
                     failing = str(error) or type(error).__name__
                     await asyncio.sleep(RETRY_SECONDS)
                     continue
                 failing = None
-                if block_size is None:
-                    return result(Verdict.UNREACHABLE, f"no {Metric.CACHE_CONFIG} block size")
-                accepted = [i for i, t in enumerate(tokens) if t is not None]
-                sample = [accepted[j] for j in replay_sample(len(accepted), size=sample_size)]
-                expected = [expected_hits(tokens[i] or 0, block_size) for i in sample]
-                if sum(expected) == 0:
-                    return result(
-                        Verdict.NOTHING_TO_VERIFY,
-                        f"no sampled prompt is longer than one {block_size}-token block",
-                    )
-                # One at a time: a replay must not hit blocks another replay
-                # is computing in the same step.
-                for i in sample:
-                    await send(prompts[i])
-                hits_after, _ = await _metrics(engine, endpoint, request_timeout_seconds)
                 ratio = hit_ratio(hits_after - hits_before, expected)
                 if ratio is not None and ratio >= min_hit_ratio:
                     return result(Verdict.WARM)
@@ -170,5 +189,3 @@ async def warm(
         if failing is not None:
             return result(Verdict.UNREACHABLE, f"{why}; the engine last failed: {failing}")
         return result(Verdict.TIMEOUT if ratio is None else Verdict.NOT_WARM, why)
-    except EngineError as error:  # in a replay: the round's own engine calls answered
-        return result(Verdict.UNREACHABLE, str(error) or type(error).__name__)
