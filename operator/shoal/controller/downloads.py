@@ -52,19 +52,22 @@ async def prepare_model(
     if job_manifest is None:
         return None
     name = job_manifest["metadata"]["name"]
-    job = await kube.get("batch/v1", "Job", ref.namespace, name)
-    if job is not None and _completed(job):
-        return cache.download_state(job, (), name=name)
     claim = cache.build_cache_claim(ref, spec)
-    found_claim, pods = await asyncio.gather(
-        _get_claim(kube, ref, claim),
-        kube.list("v1", "Pod", ref.namespace, f"{cache.JOB_NAME_LABEL}={name}"),
+    job, found_claim = await asyncio.gather(
+        kube.get("batch/v1", "Job", ref.namespace, name), _get_claim(kube, ref, claim)
     )
+    # A completed download is done only while it filled the claim the spec
+    # names (its Job as the spec asks) and that claim is still there: the
+    # model goes with a deleted claim.
+    refill = claim is not None and found_claim is None
+    if job is not None and _completed(job) and not refill and not _outdated(job, job_manifest):
+        return cache.download_state(job, (), name=name)
+    pods = await kube.list("v1", "Pod", ref.namespace, f"{cache.JOB_NAME_LABEL}={name}")
     if claim is not None and _outdated(found_claim, claim) and not await apply(claim):
         return cache.download_state(job, pods, name=name)
     if job is None:
         await apply(job_manifest)
-    elif _outdated(job, job_manifest):
+    elif _outdated(job, job_manifest) or (refill and _completed(job)):
         uid = (job.get("metadata") or {}).get("uid")
         await kube.delete("batch/v1", "Job", ref.namespace, name, uid=uid)
         job, pods = None, []
