@@ -34,6 +34,8 @@ HACK = REPO / "hack" / "testbed"
 DEFAULT_DIR = REPO / ".testbed"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 SERVICE_CIDR = "10.96.0.0/16"  # ClusterIPs are only allocated; nothing routes to them here
+# kube-controller-manager's and kube-scheduler's leader election renew deadline (their default).
+CONTROLLERS_RENEW_DEADLINE_SECONDS = 10.0
 
 
 def bin_dir() -> Path:
@@ -395,11 +397,26 @@ class Testbed:
 
     def restart_apiserver(self, *, down_seconds: float = 1.0) -> None:
         """Stop kube-apiserver and start it again on the same port: every
-        client's watch breaks, as in an upgrade or a control-plane failover."""
+        client's watch breaks, as in an upgrade or a control-plane failover.
+        Away past the controllers' renew deadline, kube-controller-manager and
+        kube-scheduler start afresh too, as they would under their leader
+        election (off here): one left running came back with late informers,
+        saw no node heartbeat for node-monitor-grace-period and marked every
+        pod NotReady, which no real control plane does after such an outage."""
         assert self.state is not None
         procs.stop_group(self.state.pids["kube-apiserver"], grace_seconds=5)
-        time.sleep(down_seconds)
-        self._start_apiserver()
+        controllers = ("kube-controller-manager", "kube-scheduler")
+        if down_seconds > CONTROLLERS_RENEW_DEADLINE_SECONDS:
+            time.sleep(CONTROLLERS_RENEW_DEADLINE_SECONDS)  # when they would give up
+            for name in controllers:
+                procs.stop_group(self.state.pids[name], grace_seconds=5)
+            time.sleep(down_seconds - CONTROLLERS_RENEW_DEADLINE_SECONDS)
+            self._start_apiserver()
+            self._start_controller_manager()
+            self._start_scheduler()
+        else:
+            time.sleep(down_seconds)
+            self._start_apiserver()
         self._save()
 
     def wait_crd_established(self, name: str, *, timeout_seconds: float = 60) -> None:
