@@ -189,6 +189,23 @@ def _through(bed: Testbed, port: int, path: Path) -> Path:
     return path
 
 
+def _operator_through(
+    bed: Testbed, ns: str, port: int, tmp: Path, log: Path, ports: Sequence[int]
+) -> LocalProcess:
+    """An operator under the Lease whose API server is reached through 127.0.0.1:port."""
+    liveness, metrics = ports
+    return start_operator(
+        kubeconfig=_through(bed, port, tmp / "kubeconfig"),
+        namespaces=[ns],
+        log=log,
+        args=[
+            f"--lease={ns}/{LEASE}",
+            f"--liveness=http://127.0.0.1:{liveness}/healthz",
+            f"--metrics-port={metrics}",
+        ],
+    )
+
+
 def test_an_operator_whose_api_server_stops_answering_stops_before_a_standby_may_take_over(
     testbed: Testbed, ns: str, tmp_path: Path
 ) -> None:
@@ -201,16 +218,7 @@ def test_an_operator_whose_api_server_stops_answering_stops_before_a_standby_may
     log = tmp_path / "holder.log"
     liveness, metrics = free_ports(2)
     with Blackhole(("127.0.0.1", testbed.state.apiserver_port)) as route:
-        holder = start_operator(
-            kubeconfig=_through(testbed, route.port, tmp_path / "kubeconfig"),
-            namespaces=[ns],
-            log=log,
-            args=[
-                f"--lease={ns}/{LEASE}",
-                f"--liveness=http://127.0.0.1:{liveness}/healthz",
-                f"--metrics-port={metrics}",
-            ],
-        )
+        holder = _operator_through(testbed, ns, route.port, tmp_path, log, (liveness, metrics))
         with holder:
             wait_for(lambda: _holder(testbed, ns)[0], what="the operator holds the Lease")
             first_id = _holder(testbed, ns)[0]
@@ -248,16 +256,7 @@ def test_an_operator_started_while_the_api_server_is_away_waits_for_it_alive(
     assert testbed.state is not None
     log = tmp_path / "operator.log"
     route, liveness, metrics = free_ports(3)
-    waiting = start_operator(
-        kubeconfig=_through(testbed, route, tmp_path / "kubeconfig"),
-        namespaces=[ns],
-        log=log,
-        args=[
-            f"--lease={ns}/{LEASE}",
-            f"--liveness=http://127.0.0.1:{liveness}/healthz",
-            f"--metrics-port={metrics}",
-        ],
-    )
+    waiting = _operator_through(testbed, ns, route, tmp_path, log, (liveness, metrics))
     with waiting:
         wait_for(
             lambda: "Kubernetes API" in log.read_text(),

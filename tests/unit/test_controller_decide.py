@@ -259,19 +259,24 @@ def test_a_replaced_worker_restarts_its_whole_group() -> None:
     assert [e.reason for e in decision.events] == ["GroupRestarted"]
 
 
-def test_a_worker_gone_before_its_replacement_restarts_its_group_and_is_named() -> None:
-    # Seen in CI: the pass came while the deleted worker was terminating, so
-    # only the leader was left, and the reason said no more than "a member".
-    desired = desired_for(1, tensor=16)
-    leader, worker = pod_for(0), pod_for(0, role="worker", rank=1)
-    token = group_token([leader, worker])
+def _formed_group(desired: Desired, **worker: object) -> Observed:
+    """A formed group of two (stamped with its token), its worker as `worker` says."""
+    leader, member = pod_for(0), pod_for(0, role="worker", rank=1)
+    token = group_token([leader, member])
     replica = ReplicaFacts(
         index=0,
         leader=set_for(0, desired),
         worker=set_for(0, desired, role="worker"),
-        pods=[replace(leader, group=token), replace(worker, group=token, terminating=True)],
+        pods=[replace(leader, group=token), replace(member, group=token, **worker)],  # type: ignore[arg-type]
     )
-    observed = Observed(replicas={0: replica}, router=None)
+    return Observed(replicas={0: replica}, router=None)
+
+
+def test_a_worker_gone_before_its_replacement_restarts_its_group_and_is_named() -> None:
+    # Seen in CI: the pass came while the deleted worker was terminating, so
+    # only the leader was left, and the reason said no more than "a member".
+    desired = desired_for(1, tensor=16)
+    observed = _formed_group(desired, terminating=True)
     decision = decide(desired=desired, observed=observed, probes=Probes(), memory=Memory(), now=NOW)
     assert [p.uid for p in decision.delete_pods] == ["uid-c-r0-0"]
     assert decision.restarts == {0: "pod c-r0-w-1 is gone"}
@@ -298,19 +303,6 @@ def test_a_restarted_member_restarts_its_group_and_a_fresh_group_is_stamped() ->
     assert "restarted" in restarted.restarts[0]
 
 
-def _crashing_group(desired: Desired) -> Observed:
-    """A formed group of two whose worker's engine exited and kubelet restarted it."""
-    leader, worker = pod_for(0), pod_for(0, role="worker", rank=1)
-    token = group_token([leader, worker])
-    replica = ReplicaFacts(
-        index=0,
-        leader=set_for(0, desired),
-        worker=set_for(0, desired, role="worker"),
-        pods=[replace(leader, group=token), replace(worker, group=token, restarts=1)],
-    )
-    return Observed(replicas={0: replica}, router=None)
-
-
 def test_a_member_that_keeps_crashing_restarts_its_group_with_backoff_within_the_budget() -> None:
     """Each restart makes new pods, so kubelet's own back-off never starts:
     without the heal policy's, a worker that crashes at start-up had its
@@ -320,7 +312,7 @@ def test_a_member_that_keeps_crashing_restarts_its_group_with_backoff_within_the
         backoff_initial_seconds=10, backoff_max_seconds=300, max_restarts=3, window_seconds=600
     )
     desired = replace(desired_for(1, tensor=16), heal=policy)
-    observed = _crashing_group(desired)
+    observed = _formed_group(desired, restarts=1)  # its engine exited; kubelet restarted it
 
     first = decide(desired=desired, observed=observed, probes=Probes(), memory=Memory(), now=NOW)
     assert len(first.delete_pods) == 2

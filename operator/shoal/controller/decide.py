@@ -547,21 +547,14 @@ def heal(
         wait = restart_wait(restart_times.get(index, ()), policy, now=now)
         if wait is None:
             part.unhealthy.add(index)
-            part.degraded = (
-                ConditionReason.RESTART_BUDGET_EXHAUSTED,
-                f"replica {index} was restarted {policy.max_restarts} times within "
+            _budget_spent(
+                part,
+                index,
+                message=f"replica {index} was restarted {policy.max_restarts} times within "
                 f"{policy.window_seconds:.0f}s and is still unhealthy ({why}); it is kept out "
                 "of rotation and no longer restarted",
+                first=index not in memory.sick,
             )
-            if index not in memory.sick:
-                part.events.append(
-                    Event(
-                        EventType.WARNING,
-                        ConditionReason.RESTART_BUDGET_EXHAUSTED,
-                        part.degraded[1],
-                        replica=index,
-                    )
-                )
             continue
         if wait > 0:
             part.unhealthy.add(index)
@@ -824,19 +817,23 @@ def _hold_group(
     if wait is not None:
         part.poll(wait)
         return
-    part.degraded = (
-        ConditionReason.RESTART_BUDGET_EXHAUSTED,
-        f"replica {index}'s group was restarted {policy.max_restarts} times within "
+    _budget_spent(
+        part,
+        index,
+        message=f"replica {index}'s group was restarted {policy.max_restarts} times within "
         f"{policy.window_seconds:.0f}s and {why} again; it is kept out of rotation and no "
         "longer restarted",
+        first=first,
     )
+
+
+def _budget_spent(part: Decision, index: int, *, message: str, first: bool) -> None:
+    """Degraded RestartBudgetExhausted, and its Event the first time."""
+    part.degraded = (ConditionReason.RESTART_BUDGET_EXHAUSTED, message)
     if first:
         part.events.append(
             Event(
-                EventType.WARNING,
-                ConditionReason.RESTART_BUDGET_EXHAUSTED,
-                part.degraded[1],
-                replica=index,
+                EventType.WARNING, ConditionReason.RESTART_BUDGET_EXHAUSTED, message, replica=index
             )
         )
 
