@@ -155,9 +155,11 @@ class HealthChecks:
     ) -> bool:
         """Record the assessment; whether the cluster should look at it now."""
         health = checks.health
-        tracker = checks.trackers.setdefault(
-            uid, HealthTracker(stall_seconds=health.stall_seconds, failure_threshold=1)
-        )
+        tracker = checks.trackers.get(uid)
+        if tracker is None:
+            tracker = checks.trackers[uid] = HealthTracker(
+                stall_seconds=health.stall_seconds, failure_threshold=health.failure_threshold
+            )
         # As spec.health says now, with what it has seen: an edit reaches running pods.
         tracker.stall_seconds = float(health.stall_seconds)
         tracker.failure_threshold = health.failure_threshold
