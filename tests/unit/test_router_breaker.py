@@ -7,6 +7,8 @@
 - only attempts started in the current state move it: a success that began
   before it opened does not close it, failures from before it closed do not
   reopen it;
+- a recheck (the router's engine key changed) half-opens it at once and
+  forgets the failures counted before it;
 - property: whatever happens, a replica whose engine answers is routable
   again within openSeconds + probeSeconds.
 """
@@ -170,3 +172,21 @@ def test_the_probe_that_closed_it_failing_later_reopens_it_and_no_other_attempt_
     # The attempt that began while it was closed says nothing any more.
     assert not breaker.finish(after, FAILED, 13)
     assert breaker.state(22) is CircuitState.HALF_OPEN
+
+
+def test_a_recheck_lets_the_next_request_probe_an_open_breaker_at_once() -> None:
+    breaker = opened()
+    breaker.recheck(1.0)
+    assert breaker.state(1.0) is CircuitState.HALF_OPEN and breaker.allows(1.0)
+    breaker.finish(breaker.start(1.0), OK, 1.5)
+    assert breaker.state(1.5) is CircuitState.CLOSED
+
+
+def test_after_a_recheck_attempts_from_before_it_and_past_failures_do_not_count() -> None:
+    breaker = CircuitBreaker(failure_threshold=2, open_seconds=10, probe_seconds=60)
+    earlier = breaker.start(0.0)
+    breaker.finish(breaker.start(0.0), FAILED, 0.0)  # one of two
+    breaker.recheck(1.0)
+    breaker.finish(earlier, FAILED, 1.0)  # sent before: no verdict
+    breaker.finish(breaker.start(1.0), FAILED, 1.0)  # one of two again
+    assert breaker.state(1.0) is CircuitState.CLOSED

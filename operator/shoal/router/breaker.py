@@ -9,6 +9,7 @@ passed in).
              after its first bytes)--> OPEN
     HALF_OPEN --the probe ends without a verdict, or outlives probeSeconds--> HALF_OPEN
                 (the slot is free: the next request probes)
+    OPEN --recheck (the router's engine key changed)--> HALF_OPEN
 
 Every attempt gets a ticket from `start()` and ends with `finish()`. Only the
 outcomes of attempts started in the breaker's current epoch move it: each
@@ -113,6 +114,18 @@ class CircuitBreaker:
             return False
         self.trial = None
         return True
+
+    def recheck(self, now: float) -> None:
+        """What it learned no longer holds (the router's engine key changed):
+        an open breaker is half-open at once (the next request probes), a
+        closed one forgets its failures, and attempts under way give no
+        verdict (a new epoch)."""
+        self.epoch += 1
+        self.failures = 0
+        self.probe = None
+        self.trial = None
+        if self.opened_at is not None:
+            self.opened_at = min(self.opened_at, now - self.open_seconds)
 
     def _open(self, now: float) -> None:
         self.epoch += 1

@@ -187,6 +187,14 @@ class Fleet:
             # still sent): decisions meanwhile see what this one says.
             self._changed.add(replica.id)
 
+    def recheck(self) -> None:
+        """Every replica's breaker is tried again at once: the failures it
+        counted (an engine refusing the router's key) may not hold now."""
+        now = time.monotonic()
+        for replica in self.replicas.values():
+            replica.breaker.recheck(now)
+        self.sweep(now)
+
     def end(self, replica: Replica, ticket: int) -> None:
         """A request to replica (its ticket from `begin`) ended."""
         if replica.breaker.passed(ticket):

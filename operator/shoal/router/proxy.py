@@ -161,8 +161,14 @@ class Proxy:
             self.capacity_changed.notify_all()
 
     def set_engine_key(self, key: bytes | None) -> None:
-        """The key engines are sent (replacing the client's, the router's own)."""
-        self.engine_authorization = b"Authorization: Bearer %s\r\n" % key if key else b""
+        """The key engines are sent (replacing the client's, the router's own).
+        A changed key may change every engine's answer: the breakers that
+        engines refusing the old one opened are tried again at once, not
+        left open for openSeconds while the new key would be taken."""
+        authorization = b"Authorization: Bearer %s\r\n" % key if key else b""
+        if authorization != self.engine_authorization:
+            self.engine_authorization = authorization
+            self.fleet.recheck()
 
     # ---- request path
     def authorized(self, request: Incoming) -> bool:
