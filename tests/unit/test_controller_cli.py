@@ -4,12 +4,30 @@ otherwise crash-loop on a traceback)."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
+import shoal
 from shoal.cli import main
+
+OPERATOR_SOURCES = Path(shoal.__file__).resolve().parents[1]
+NO_SUCH_UID = 54321  # in no /etc/passwd
+# An API server nothing listens for: the operator waits for it.
+REFUSING_KUBECONFIG = """
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+"""
 
 
 @pytest.mark.parametrize(
@@ -65,3 +83,40 @@ def test_a_port_in_use_is_a_one_line_error_not_a_traceback(
     assert err.strip() == (
         f"shoal operator: error: {flag}: cannot listen on 127.0.0.1:{taken}: Address already in use"
     ), err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as another UID")
+def test_it_runs_as_a_uid_with_no_passwd_entry() -> None:
+    # A chart value's runAsUser, or the UID OpenShift assigns: the image's
+    # /etc/passwd has no entry for it, and kopf named itself from
+    # getpass.getuser(), which raised KeyError: a crash-looping operator.
+    with tempfile.TemporaryDirectory() as made:
+        home = Path(made)
+        home.chmod(0o755)  # the other UID reads its kubeconfig here
+        kubeconfig = home / "kubeconfig"
+        kubeconfig.write_text(REFUSING_KUBECONFIG)
+        kubeconfig.chmod(0o644)
+        out = _run_briefly_as_another_uid(home, kubeconfig)
+    assert "KeyError" not in out, out
+
+
+def _run_briefly_as_another_uid(home: Path, kubeconfig: Path) -> str:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "KUBECONFIG": str(kubeconfig)}
+    as_uid = ["setpriv", f"--reuid={NO_SUCH_UID}", f"--regid={NO_SUCH_UID}", "--clear-groups"]
+    command = [sys.executable, "-m", "shoal.cli", "operator", "--standalone", "--metrics-port=0"]
+    operator = subprocess.Popen(
+        [*as_uid, *command],
+        env={**env, "PYTHONPATH": str(OPERATOR_SOURCES)},
+        cwd=home,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        # Up, it retries the API server it cannot reach; down, it exited.
+        with pytest.raises(subprocess.TimeoutExpired):
+            operator.wait(timeout=5)
+    finally:
+        operator.terminate()
+        out, _ = operator.communicate(timeout=30)
+    return out

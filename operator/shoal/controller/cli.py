@@ -189,6 +189,10 @@ async def operate(args: argparse.Namespace, metrics: OperatorMetrics) -> None:
     stop = stop_on_signals()
     api = ApiWait()
     lock: LeaseLock | None = None
+    identity = own_identity()
+    # kopf names itself from POD_ID, else from getpass.getuser(), which raises
+    # for a UID with no passwd entry (a chosen runAsUser, OpenShift's UIDs).
+    os.environ.setdefault("POD_ID", identity)
     async with waiting_liveness(args.liveness, lambda: lease_wait(lock) if lock else str(api)):
         standalone = args.standalone
         if not standalone:
@@ -205,7 +209,7 @@ async def operate(args: argparse.Namespace, metrics: OperatorMetrics) -> None:
             "standalone" if standalone else "with kopf peering",
         )
         if args.lease is not None:
-            lock = LeaseLock(kube, *args.lease, identity=own_identity())
+            lock = LeaseLock(kube, *args.lease, identity=identity)
             if not await wait_to_lead(lock, stop):
                 return
     operator = functools.partial(
