@@ -92,3 +92,15 @@ def test_a_forgotten_cluster_leaves_no_series_behind() -> None:
     found = _samples(metrics)
     assert not [n for n in found if 'vllmcluster="llama"' in n]
     assert [n for n in found if 'vllmcluster="other"' in n and "reconcile_passes_total" in n]
+
+
+def test_a_cluster_whose_passes_all_fail_has_its_successes_at_zero() -> None:
+    # ShoalOperatorNotReconciling alerts on increase(...{result="ok"}) == 0:
+    # a cluster failing from the operator's start had no such series at all,
+    # and a missing series is no alert.
+    metrics = OperatorMetrics()
+    metrics.pass_finished(KEY, ok=False, seconds=0.5)
+    found = _samples(metrics)
+    passes = 'shoal_operator_reconcile_passes_total{{namespace="team-a",result="{}",vllmcluster="llama"}}'
+    assert found[passes.format("ok")] == 0
+    assert found[passes.format("error")] == 1

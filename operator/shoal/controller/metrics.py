@@ -50,6 +50,13 @@ COUNTED_FROM_ZERO = (
 )
 
 
+class PassResult(StrEnum):
+    """How a reconcile pass ended (the passes counter's `result`)."""
+
+    OK = "ok"
+    ERROR = "error"
+
+
 @dataclass
 class _Seen:
     """The label sets a cluster's series were last given (to remove them)."""
@@ -122,9 +129,14 @@ class OperatorMetrics:
         self.events.labels(*key, kind, reason).inc(by)
 
     def pass_finished(self, key: ClusterKey, *, ok: bool, seconds: float) -> None:
-        result = "ok" if ok else "error"
-        self._seen.setdefault(key, _Seen()).results.add(result)
-        self.passes.labels(*key, result).inc()
+        results = self._seen.setdefault(key, _Seen()).results
+        if not results:
+            # Both from 0: "no successful pass" is an increase of 0, not a
+            # series missing (which alerts on nothing).
+            for each in PassResult:
+                self.passes.labels(*key, each).inc(0)
+                results.add(each)
+        self.passes.labels(*key, PassResult.OK if ok else PassResult.ERROR).inc()
         self.pass_seconds.labels(*key).observe(seconds)
 
     def observe_cluster(self, key: ClusterKey, *, desired: int, status: Mapping[str, Any]) -> None:
