@@ -17,9 +17,10 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from shoal.api.router import INTERNAL_PORT
 from shoal.api.spec import HealthSpec
 from shoal.controller.identity import ClusterRef
-from shoal.controller.names import ENGINE_PORT, ROUTER_PORT
+from shoal.controller.names import ENGINE_PORT
 from shoal.engine.client import HEALTH_DEADLINE_SECONDS, METRICS_DEADLINE_SECONDS, EngineClient
 from shoal.engine.endpoints import base_url
 from shoal.engine.errors import EngineError
@@ -136,8 +137,11 @@ class HealthChecks:
 
     async def _router_counts(self, ip: str) -> dict[str, Routed] | None:
         try:
+            # The internal port, as the autoscaler's: the client port may be
+            # full (maxClientConnections) or closed to the operator by the
+            # NetworkPolicy (router.networkPolicy.clientsFrom).
             response = await self._engine.get(
-                base_url(ip, port=ROUTER_PORT) + "/metrics", deadline=METRICS_DEADLINE_SECONDS
+                base_url(ip, port=INTERNAL_PORT) + "/metrics", deadline=METRICS_DEADLINE_SECONDS
             )
             if response.status != 200:
                 return None
