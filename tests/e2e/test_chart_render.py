@@ -62,6 +62,21 @@ def test_lint_and_template_every_values_file(values: Path) -> None:
         assert labels.get("app.kubernetes.io/part-of") == "shoal", doc["metadata"]["name"]
 
 
+# Kinds whose name is a DNS label (a Service) or becomes a label's value (a
+# Job's, in its pods' job-name): 63 characters at most.
+LABEL_NAMED = ("Service", "Job")
+
+
+@pytest.mark.parametrize("values", VALUES, ids=[v.stem for v in VALUES])
+def test_the_longest_release_name_renders_names_kubernetes_takes(values: Path) -> None:
+    release = "r" * 53  # helm's longest
+    out = helm("template", release, str(CHART), "-n", "shoal-system", "-f", str(values)).stdout
+    docs = [doc for doc in yaml.safe_load_all(out) if doc]
+    named = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in LABEL_NAMED}
+    too_long = sorted((kind, name) for kind, name in named if len(name) > 63)
+    assert not too_long, too_long
+
+
 def test_watch_namespaces_get_roles_not_cluster_wide_rules() -> None:
     by_kind = kinds(render(CHART / "ci" / "namespaced-values.yaml"))
     roles = {r["metadata"]["namespace"]: r for r in by_kind["Role"]}

@@ -7,6 +7,15 @@
 {{- end -}}
 {{- end -}}
 
+{{/* The full name with a suffix, at most 63 characters too (a Service's name
+is a DNS label, a Job's a label value): the full name is cut, not the
+suffix. Called with (list . "suffix"). */}}
+{{- define "shoal.suffixed" -}}
+{{- $suffix := index . 1 -}}
+{{- $base := include "shoal.fullname" (index . 0) | trunc (int (sub 62 (len $suffix))) | trimSuffix "-" -}}
+{{- printf "%s-%s" $base $suffix -}}
+{{- end -}}
+
 {{- define "shoal.selectorLabels" -}}
 app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name | quote }}
