@@ -101,6 +101,7 @@ def test_a_cluster_whose_passes_all_fail_has_its_successes_at_zero() -> None:
     metrics = OperatorMetrics()
     metrics.pass_finished(KEY, ok=False, seconds=0.5)
     found = _samples(metrics)
-    passes = 'shoal_operator_reconcile_passes_total{{namespace="team-a",result="{}",vllmcluster="llama"}}'
-    assert found[passes.format("ok")] == 0
-    assert found[passes.format("error")] == 1
+    labels = 'namespace="team-a",result="{}",vllmcluster="llama"'
+    passes = "shoal_operator_reconcile_passes_total{%s}"
+    assert found[passes % labels.format("ok")] == 0
+    assert found[passes % labels.format("error")] == 1
