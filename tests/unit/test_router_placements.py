@@ -1,5 +1,6 @@
 """The placements router replicas share (router/placements.py): the log's
-cursors, and what a peer's answer may contain."""
+cursors (their touch version wakes a reader whose view of this router's
+queue is stale), and what a peer's answer may contain."""
 
 from __future__ import annotations
 
@@ -102,6 +103,36 @@ def test_a_long_poll_wakes_when_this_routers_queue_changes() -> None:
     assert asyncio.run(scenario())
 
 
+def test_a_prefill_done_between_two_reads_answers_the_next_at_once() -> None:
+    """The peer was not waiting when its queue estimate changed: its next
+    read must not wait up to WAIT_SECONDS counting the stale one."""
+
+    async def scenario() -> None:
+        log = _log(2)
+        answer = encode(log, None, 0)
+        log.touch()
+        cursor = (answer["epoch"], answer["next"])
+        await asyncio.wait_for(log.wait(*cursor, 10, touched=answer["touched"]), 1)
+
+    asyncio.run(scenario())
+
+
+def test_a_reader_that_saw_the_latest_change_waits_for_the_next() -> None:
+    async def scenario() -> bool:
+        log = _log(2)
+        log.touch()
+        answer = encode(log, None, 0)
+        cursor = (answer["epoch"], answer["next"])
+        waiter = asyncio.create_task(log.wait(*cursor, 10, touched=answer["touched"]))
+        await asyncio.sleep(0.05)
+        asleep = not waiter.done()
+        log.touch()
+        await asyncio.wait_for(waiter, 1)
+        return asleep
+
+    assert asyncio.run(scenario())
+
+
 def test_an_answer_carries_this_routers_own_pending_prefill() -> None:
     log = _log(1)
     answer = encode(log, None, 0, {"r0": 1500.4, "r1": 0.0, "r2": 0.2})
@@ -137,6 +168,9 @@ def test_a_long_poll_returns_at_its_deadline() -> None:
         ({"epoch": "e", "next": 0, "placements": [["r", [True]]]}, "hash"),
         ({"epoch": "e", "next": 0, "placements": [["r", [-1]]]}, "hash"),
         ({"epoch": "e", "next": 0, "placements": [["r", [1 << 64]]]}, "hash"),
+        ({"epoch": "e", "next": 0, "placements": [], "touched": -1}, "touched"),
+        ({"epoch": "e", "next": 0, "placements": [], "touched": True}, "touched"),
+        ({"epoch": "e", "next": 0, "placements": [], "touched": "3"}, "touched"),
         ({"epoch": "e", "next": 0, "placements": [], "pending": []}, "pending"),
         ({"epoch": "e", "next": 0, "placements": [], "pending": {"r": -1}}, "pending tokens"),
         ({"epoch": "e", "next": 0, "placements": [], "pending": {"r": "9"}}, "pending tokens"),
@@ -160,9 +194,39 @@ def test_a_hostile_or_broken_answer_is_refused_whole(body: Any, field: str) -> N
 
 def test_an_honest_answer_round_trips() -> None:
     log = _log(4)
+    log.touch()
     answer = decode(json.loads(json.dumps(encode(log, None, 0))), max_hashes=48)
     assert answer.epoch == log.epoch and answer.next == 4
     assert answer.placements[3] == ("r0", [3, 1003])
+    assert answer.touched == 1
+
+
+def test_an_answer_of_a_router_that_counts_no_changes_has_no_touch_version() -> None:
+    """A router of an older version (a rollout in progress) says none."""
+    assert decode({"epoch": "e", "next": 0, "placements": []}, max_hashes=48).touched is None
+
+
+def test_a_follower_reads_again_with_the_touch_version_it_read() -> None:
+    reads: list[dict[str, str]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        reads.append(dict(request.query))
+        return web.json_response({"epoch": "e", "next": 1, "placements": [], "touched": 3})
+
+    async def scenario() -> None:
+        runner, url = await _peer(handler)
+        sync = PeerSync(record=lambda r, h: None, max_hashes=48, pace_seconds=0.01)
+        sync.set_peers([url])
+        for _ in range(200):
+            if len(reads) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        await sync.close()
+        await runner.cleanup()
+
+    asyncio.run(scenario())
+    assert "touched" not in reads[0]
+    assert reads[1]["touched"] == "3" and reads[1]["after"] == "1"
 
 
 async def _peer(

@@ -18,7 +18,7 @@ from shoal.api.router import CLOSE_SECONDS
 from shoal.engine.endpoints import MAX_ANSWER_BYTES
 from shoal.router.config import RouterConfig
 from shoal.router.connections import HttpServer
-from shoal.router.discovery import PodWatcher, static_endpoints
+from shoal.router.discovery import PodWatcher, peer_urls, static_endpoints
 from shoal.router.dispatch import Dispatch, Proxied
 from shoal.router.errors import error_response, guarded
 from shoal.router.fleet import Endpoint, Fleet
@@ -196,8 +196,8 @@ class Router:
                 namespace=self.discovery.namespace,
                 selector=self.discovery.peer_selector,
                 engine_port=self.config.internal_port,
-                publish=lambda pods: self._set_peers(
-                    [p.url for p in pods if p.name != self.discovery.pod_name]
+                publish=lambda routers: self._set_peers(
+                    peer_urls(routers, own_pod=self.discovery.pod_name)
                 ),
             )
             self._tasks.append(asyncio.get_running_loop().create_task(watcher.run()))
@@ -350,11 +350,15 @@ class Router:
         try:
             after = max(int(query.get("after", "0")), 0)
             wait = min(max(float(query.get("wait", "0")), 0.0), WAIT_SECONDS)
+            # Absent from a router of an older version (a rollout in progress).
+            touched = max(int(query["touched"]), 0) if "touched" in query else None
         except ValueError:
-            return error_response(400, "after must be an integer, wait a number of seconds.")
+            return error_response(
+                400, "after and touched must be integers, wait a number of seconds."
+            )
         epoch = query.get("epoch")
         if wait > 0:
-            await self.placements.wait(epoch, after, wait)
+            await self.placements.wait(epoch, after, wait, touched=touched)
         own = {r.id: r.pending for r in self.fleet.replicas.values()}
         return web.json_response(encode(self.placements, epoch, after, own))
 

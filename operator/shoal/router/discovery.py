@@ -3,9 +3,12 @@
 Kubernetes mode lists and watches pods by label in one namespace (the
 router's Role may only get, list and watch pods), on the event loop through
 kr8s (`shoal.apiserver`). A pod is routable only while running, not
-terminating, and ready as kubelet and shoal say (`pod_ready`). Any watch
+terminating, and ready as kubelet and shoal say (`pod_ready`); a terminated
+one (`pod_terminated`) is no endpoint at all, engine or peer router. Any watch
 error or expiry leads to a fresh list, and the fleet is replaced by what the
-list says, so no pod the API no longer has is kept.
+list says, so no pod the API no longer has is kept. That list comes at once
+after a watch that was up (`watch_was_up`); while lists or watches fail or end
+at once, ever later (`relist_delay`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import random
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,6 +35,29 @@ log = logging.getLogger("shoal.router.discovery")
 Publish = Callable[[list[Endpoint]], None]
 HEADERS = user_agent("router")
 LIST_TIMEOUT = httpx.Timeout(30.0)
+# A failing list or watch: the first and the longest wait before the next list.
+RELIST_SECONDS = (0.5, 30.0)
+# A watch up this long worked, though it delivered nothing: a quiet fleet.
+WATCH_UP_SECONDS = 10.0
+
+
+class PodPhase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+def pod_terminated(pod: Mapping[str, Any]) -> bool:
+    """All its containers ended for good: it never serves again. Since
+    Kubernetes 1.22 an evicted pod stays, Failed, with its IP in its status
+    until it is deleted (the pod garbage collector waits for 12,500 by
+    default), while the IP goes to another pod: an endpoint for it would send
+    requests and the API key there, and a peer of that IP could be this
+    router itself."""
+    phase = pod.get("status", {}).get("phase")
+    return phase in (PodPhase.SUCCEEDED, PodPhase.FAILED)
 
 
 def static_endpoints(urls: Sequence[str]) -> list[Endpoint]:
@@ -63,13 +92,15 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
 
 
 def pod_endpoint(pod: dict[str, Any], *, engine_port: int) -> Endpoint | None:
-    """A pod as an endpoint; None until it has an IP."""
+    """A pod as an endpoint; None until it has an IP, and once it terminated."""
     meta, status = pod.get("metadata", {}), pod.get("status", {})
     ip = status.get("podIP")
-    if not ip:
+    if not ip or pod_terminated(pod):
         return None
     routable = (
-        pod_ready(pod) and not meta.get("deletionTimestamp") and status.get("phase") == "Running"
+        pod_ready(pod)
+        and not meta.get("deletionTimestamp")
+        and status.get("phase") == PodPhase.RUNNING
     )
     host = f"[{ip}]" if ":" in ip else ip
     return Endpoint(
@@ -78,6 +109,43 @@ def pod_endpoint(pod: dict[str, Any], *, engine_port: int) -> Endpoint | None:
         url=f"http://{host}:{engine_port}",
         routable=bool(routable),
     )
+
+
+def pod_endpoints(pods: Iterable[dict[str, Any]], *, port: int) -> list[Endpoint]:
+    """The pods that are endpoints, serving on `port`."""
+    return [e for p in pods if (e := pod_endpoint(p, engine_port=port))]
+
+
+def peer_urls(routers: Iterable[Endpoint], *, own_pod: str | None) -> list[str]:
+    """The other router replicas' URLs: every router pod listed but this one."""
+    return [r.url for r in routers if r.name != own_pod]
+
+
+@dataclass(frozen=True)
+class WatchEnd:
+    """How a watch ended: after how many events (bookmarks too) and seconds,
+    and the error that ended it, if one did."""
+
+    events: int
+    seconds: float
+    error: Exception | None = None
+
+
+def watch_was_up(*, events: int, seconds: float, timeout: float) -> bool:
+    """A watch that delivered events or lasted worked, however it ended; one
+    that ended at once without any (a 429 from the API server's priority and
+    fairness, a proxy cutting streams) did not, and a list at once would only
+    repeat it. Lasting is WATCH_UP_SECONDS, or half a shorter server timeout."""
+    return events > 0 or seconds >= min(WATCH_UP_SECONDS, timeout / 2)
+
+
+def relist_delay(failures: int, *, jitter: float) -> float:
+    """Seconds before the next list after `failures` lists or watches in a row
+    that failed or ended at once: doubling up to the longest, less up to half
+    at random (`jitter` in [0, 1)), so that routers that failed together
+    (an API server restart) do not come back in step."""
+    first, longest = RELIST_SECONDS
+    return min(first * 2.0 ** min(failures, 32), longest) * (1 - jitter / 2)
 
 
 class PodWatcher:
@@ -93,6 +161,7 @@ class PodWatcher:
         publish: Publish,
         watch_timeout_seconds: int = 300,
         kubeconfig: str | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.namespace = namespace
         self.selector = selector
@@ -101,16 +170,14 @@ class PodWatcher:
         self.watch_timeout_seconds = watch_timeout_seconds
         self.kubeconfig = kubeconfig
         self.relists = 0
+        self.rng = rng or random.Random()
 
     def _emit(self, pods: dict[str, dict[str, Any]]) -> None:
-        endpoints = [
-            e for p in pods.values() if (e := pod_endpoint(p, engine_port=self.engine_port))
-        ]
-        self.publish(endpoints)
+        self.publish(pod_endpoints(pods.values(), port=self.engine_port))
 
     async def run(self) -> None:
         api: kr8s.asyncio.Api | None = None
-        backoff = 0.5
+        failures = 0  # lists and watches in a row that failed or ended at once
         while True:
             try:
                 if api is None:
@@ -118,12 +185,20 @@ class PodWatcher:
                 pods, version = await self._list(api)
                 self.relists += 1
                 self._emit(pods)
-                backoff = 0.5
-                await self._watch(api, pods, version)
             except Exception as error:
-                log.warning("pod watch failed, re-listing in %.1fs: %s", backoff, error)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
+                problem = f"list failed: {error}"
+            else:
+                end = await self._watch(api, pods, version)
+                timeout = self.watch_timeout_seconds
+                if watch_was_up(events=end.events, seconds=end.seconds, timeout=timeout):
+                    failures = 0
+                    if end.error is None:
+                        continue  # its timeout, or a 410 once the list is stale: list now
+                problem = f"watch failed: {end.error}" if end.error else "watch ended at once"
+            delay = relist_delay(failures, jitter=self.rng.random())
+            failures += 1
+            log.warning("pod %s; re-listing in %.1fs", problem, delay)
+            await asyncio.sleep(delay)
 
     async def _list(self, api: kr8s.asyncio.Api) -> tuple[dict[str, dict[str, Any]], str]:
         async with api.call_api(
@@ -141,9 +216,28 @@ class PodWatcher:
 
     async def _watch(
         self, api: kr8s.asyncio.Api, pods: dict[str, dict[str, Any]], version: str
-    ) -> None:
-        """Follow changes from the list's version until the watch ends (the
-        server's timeout) or reports an error (410 Gone when it expired)."""
+    ) -> WatchEnd:
+        """Follow changes from the list's version until the watch ends."""
+        loop = asyncio.get_running_loop()
+        started, events = loop.time(), 0
+        try:
+            async for event in self._events(api, version):
+                events += 1
+                kind, raw = event["type"], event["object"]
+                if kind == "BOOKMARK":
+                    continue
+                if kind == "DELETED":
+                    pods.pop(raw["metadata"]["uid"], None)
+                else:
+                    pods[raw["metadata"]["uid"]] = raw
+                self._emit(pods)
+        except Exception as error:
+            return WatchEnd(events=events, seconds=loop.time() - started, error=error)
+        return WatchEnd(events=events, seconds=loop.time() - started)
+
+    async def _events(self, api: kr8s.asyncio.Api, version: str) -> AsyncIterator[dict[str, Any]]:
+        """The watch's events from `version` until it ends (the server's
+        timeout) or reports an error (410 Gone when it expired)."""
         params = {
             "labelSelector": self.selector,
             "watch": "true",
@@ -166,14 +260,7 @@ class PodWatcher:
                 if not line:
                     continue
                 event = json.loads(line)
-                kind, raw = event["type"], event["object"]
-                if kind == "ERROR":
-                    log.info("pod watch error, re-listing: %s", raw.get("message"))
+                if event["type"] == "ERROR":
+                    log.info("pod watch error, re-listing: %s", event["object"].get("message"))
                     return
-                if kind == "BOOKMARK":
-                    continue
-                if kind == "DELETED":
-                    pods.pop(raw["metadata"]["uid"], None)
-                else:
-                    pods[raw["metadata"]["uid"]] = raw
-                self._emit(pods)
+                yield event

@@ -100,19 +100,31 @@ class PlacementLog:
         self._touched += 1
         self._changed.set()
 
+    @property
+    def touched(self) -> int:
+        """The version of this router's pending prefill: answers carry it, and a
+        read that brings back an older one is answered at once."""
+        return self._touched
+
     def close(self) -> None:
         """Readers stop waiting (the router is draining)."""
         self._closed = True
         self._changed.set()
 
-    async def wait(self, epoch: str | None, after: int, seconds: float) -> None:
-        """Until a read from (epoch, after) has something, or `seconds` passed."""
+    async def wait(
+        self, epoch: str | None, after: int, seconds: float, *, touched: int | None = None
+    ) -> None:
+        """Until a read from (epoch, after) has something, or this router's
+        pending prefill changed since the reader's version `touched`, or
+        `seconds` passed. A change between two reads counts: the reader was
+        not waiting then. Without a version of this process (a reader of an
+        older router, or of another epoch), only a change while it waits."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        touched = self._touched
-        while (
-            self.start(epoch, after) >= self.head and not self._closed and touched == self._touched
-        ):
+        seen = self._touched
+        if touched is not None and epoch == self.epoch:
+            seen = min(touched, seen)  # one ahead of this router's is none it gave
+        while self.start(epoch, after) >= self.head and not self._closed and seen == self._touched:
             self._changed.clear()
             left = deadline - loop.time()
             if left <= 0:
@@ -127,7 +139,8 @@ def encode(
     log_: PlacementLog, epoch: str | None, after: int, pending: Mapping[str, float] | None = None
 ) -> dict[str, Any]:
     """One answer of GET /placements: the placements and the cursor that follows them,
-    and this router's own pending prefill per replica (tokens, the nonzero ones)."""
+    and this router's own pending prefill per replica (tokens, the nonzero ones)
+    and its version."""
     start = log_.start(epoch, after)
     placements = log_.read(epoch, after)
     return {
@@ -135,6 +148,7 @@ def encode(
         "next": start + len(placements),
         "placements": [[replica, hashes] for replica, hashes in placements],
         "pending": {r: round(tokens) for r, tokens in (pending or {}).items() if tokens >= 0.5},
+        "touched": log_.touched,
     }
 
 
@@ -148,6 +162,7 @@ class Answer:
     next: int
     placements: list[Placement]
     pending: dict[str, float]
+    touched: int | None = None  # None: a router of a version that keeps none
 
 
 def decode(body: Any, *, max_hashes: int) -> Answer:
@@ -182,11 +197,15 @@ def decode(body: Any, *, max_hashes: int) -> Answer:
             raise BadAnswer("pending replica")
         if type(tokens) not in (int, float) or not 0 <= tokens <= _MAX_PENDING:
             raise BadAnswer("pending tokens")
+    touched = body.get("touched")
+    if touched is not None and (type(touched) is not int or touched < 0):
+        raise BadAnswer("touched")
     return Answer(
         epoch=epoch,
         next=cursor,
         placements=placements,
         pending={r: float(t) for r, t in pending.items()},
+        touched=touched,
     )
 
 
@@ -248,13 +267,14 @@ class PeerSync:
     async def _follow(self, url: str) -> None:
         epoch: str | None = None
         after = 0
+        touched: int | None = None
         first, longest = self.retry_seconds
         retry = first
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
             try:
-                answer = await self._read(url, epoch, after)
+                answer = await self._read(url, epoch, after, touched=touched)
             except (aiohttp.ClientError, TimeoutError, ValueError) as error:
                 log.debug("placements of peer %s unread (%s); again in %.1fs", url, error, retry)
                 self.pending(url, {})  # an unreachable peer's queue is not counted
@@ -267,13 +287,17 @@ class PeerSync:
             if answer.placements:
                 self.received(len(answer.placements))
             self.pending(url, answer.pending)
-            epoch, after = answer.epoch, answer.next
+            epoch, after, touched = answer.epoch, answer.next, answer.touched
             await asyncio.sleep(max(started + self.pace_seconds - loop.time(), 0.0))
 
-    async def _read(self, url: str, epoch: str | None, after: int) -> Answer:
+    async def _read(
+        self, url: str, epoch: str | None, after: int, *, touched: int | None
+    ) -> Answer:
         params = {"after": str(after), "wait": _seconds(self.wait_seconds)}
         if epoch is not None:
             params["epoch"] = epoch
+        if touched is not None:
+            params["touched"] = str(touched)
         header = self.authorization()
         headers = {"Authorization": header} if header else None
         async with self._client().get(
