@@ -22,6 +22,7 @@ from shoal.engine.client import EngineClient
 from shoal.health.assess import Outcome
 from shoal.health.probe import probe
 from shoal.procs import wait_until
+from shoal.router.proxy import REPLICA_HEADER
 from shoal.warmup.prompts import Prompt
 from shoal.warmup.runner import warm
 from shoal.warmup.verify import Verdict
@@ -38,6 +39,11 @@ THRESHOLD = CircuitBreaker().failure_threshold  # the router's default
 def _refused(lines: list[str]) -> list[str]:
     """The requests (METHOD PATH AUTH) answered 401."""
     return [line.rsplit(" ", 1)[0] for line in lines if line.endswith(" 401")]
+
+
+def _netloc(url: str) -> str:
+    """How the router names a replica it was given by URL (x-shoal-replica)."""
+    return httpx.URL(url).netloc.decode()
 
 
 def _post(url: str, headers: dict[str, str]) -> httpx.Response:
@@ -146,3 +152,34 @@ def test_the_operators_canary_and_warm_up_send_the_engines_key(tmp_path: Path) -
 
     with sim(tmp_path, "--api-key", KEY) as (_, url):
         asyncio.run(run(url))
+
+
+def test_a_rotated_engine_key_keeps_the_engines_still_on_the_old_one_serving(
+    tmp_path: Path,
+) -> None:
+    """A rotated Secret reaches the routers' file within about a minute and
+    each engine only when it restarts: until then the engines still on the
+    old key are sent the old key, not refused their share of the load."""
+    (tmp_path / "engine-key").write_text("sk-engine-old\n")
+    config = {
+        "engineKeyFile": str(tmp_path / "engine-key"),
+        "apiKeyReloadSeconds": 1,
+        "policy": "round-robin",
+    }
+    with (
+        sim(tmp_path, "--api-key", "sk-engine-old") as (_, one),
+        sim(tmp_path, "--api-key", "sk-engine-old") as (_, two),
+        sim(tmp_path, "--api-key", "sk-engine-new") as (_, restarted),
+        router([one, two, restarted], tmp_path, config=config) as front,
+    ):
+        (tmp_path / "engine-key").write_text("sk-engine-new\n")  # rotated
+        wait_until(
+            lambda: _post(front, {}).headers.get(REPLICA_HEADER) == _netloc(restarted),
+            what="the rotated key taken: the engine holding it answers",
+            timeout=20,
+        )
+        answers = [_post(front, {}) for _ in range(12)]
+    assert [a.status_code for a in answers] == [200] * 12, [a.text for a in answers]
+    assert {a.headers[REPLICA_HEADER] for a in answers} == {
+        _netloc(u) for u in (one, two, restarted)
+    }

@@ -21,7 +21,7 @@ from shoal.router.connections import HttpServer
 from shoal.router.discovery import PodWatcher, peer_urls, static_endpoints
 from shoal.router.dispatch import Dispatch, Proxied
 from shoal.router.errors import error_response, guarded
-from shoal.router.fleet import Endpoint, Fleet
+from shoal.router.fleet import Endpoint, Fleet, Replica
 from shoal.router.heap import settle
 from shoal.router.hot import HotPrefixes
 from shoal.router.incoming import Answer, Incoming
@@ -279,10 +279,12 @@ class Router:
             return error_response(401, "Missing or invalid API key.", param="Authorization")
         assert self.proxy.session is not None
         session = self.proxy.session
-        engine_key = self.engine_key_file.keys[0] if self.engine_key_file else None
-        headers = {"Authorization": "Bearer " + engine_key.decode()} if engine_key else None
 
-        async def fetch(url: str) -> list[dict[str, Any]]:
+        async def fetch(replica: Replica) -> list[dict[str, Any]]:
+            url = replica.endpoint.url
+            # The key this replica is sent (the one before a rotation, if it took that).
+            line = self.proxy.engine_keys[replica.key]
+            headers = dict([line.decode().rstrip("\r\n").split(": ", 1)]) if line else None
             try:
                 async with session.get(
                     url + "/v1/models", headers=headers, timeout=aiohttp.ClientTimeout(total=2)
@@ -296,7 +298,7 @@ class Router:
                 return []
 
         merged: dict[str, dict[str, Any]] = {}
-        results = await asyncio.gather(*(fetch(r.endpoint.url) for r in self.fleet.routable()))
+        results = await asyncio.gather(*(fetch(r) for r in self.fleet.routable()))
         for models in results:
             for model in models:
                 merged.setdefault(str(model.get("id")), model)

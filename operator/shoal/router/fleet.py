@@ -65,6 +65,7 @@ class Replica:
     foreign: float = 0.0  # the same, sent by the other router replicas (as they said)
     errors: float = 0.0  # recent error rate, 0 to 1
     scrape_failing: bool = False  # the latest scrape failed: load unknown
+    key: int = 0  # which of the router's engine keys it is sent (Proxy.engine_keys)
 
     def __post_init__(self) -> None:
         self.id = self.endpoint.id

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -84,6 +85,14 @@ class UpstreamFailed(Exception):
         self.reason = reason
 
 
+class OtherKeyFirst(UpstreamFailed):
+    """The engine refused the router's key, and it holds another the engine
+    may take (the one before a rotation): the same replica is asked again."""
+
+    def __init__(self) -> None:
+        super().__init__("engine_key_refused")
+
+
 class ServerError(Exception):
     """A replica answered a server error (5xx) before any byte reached the
     client. Whose fault it is waits on another replica's answer, so the
@@ -122,7 +131,9 @@ class Proxy:
         self.placements = placements  # this router's decisions, for its peers
         self.tracing: Tracing | None = None  # set when tracing is on
         self.chooser = Chooser(config)
-        self.engine_authorization = b""  # the header line engines are sent, if any
+        # The Authorization lines engines are sent: the engine key, and the
+        # one before it (engines take a rotated key only when they restart).
+        self.engine_keys: tuple[bytes, ...] = (b"",)
         self.capacity_changed = asyncio.Condition()
         self.waiting = 0
         self.inflight = 0
@@ -166,9 +177,15 @@ class Proxy:
         engines refusing the old one opened are tried again at once, not
         left open for openSeconds while the new key would be taken."""
         authorization = b"Authorization: Bearer %s\r\n" % key if key else b""
-        if authorization != self.engine_authorization:
-            self.engine_authorization = authorization
-            self.fleet.recheck()
+        if authorization == self.engine_keys[0]:
+            return
+        before = self.engine_keys[0]
+        self.engine_keys = (authorization, before) if before else (authorization,)
+        for replica in self.fleet.replicas.values():
+            # Each is sent the key it took, now the one before, until it
+            # refuses it; one on the key before that is sent the new one.
+            replica.key = 1 if replica.key == 0 and before else 0
+        self.fleet.recheck()
 
     # ---- request path
     def authorized(self, request: Incoming) -> bool:
@@ -225,7 +242,6 @@ class Proxy:
         # One set by a proxy in front (an ingress ending TLS) is kept.
         proto = headers.get("X-Forwarded-Proto") or request.scheme
         lines.append(b"X-Forwarded-Proto: %s\r\n" % _raw(proto))
-        lines.append(self.engine_authorization)
         return b"".join(lines)
 
     async def _handle(self, request: Incoming, target: Proxied, request_id: str) -> Answer:
@@ -361,7 +377,8 @@ class Proxy:
                         else self.tracing.attempt(replica.endpoint.name, attempt=attempt)
                     )
                     with attempt_span as traced:
-                        response = await self._forward(
+                        forward = functools.partial(
+                            self._forward,
                             request,
                             replica,
                             plan.payload(raw, replica.id),
@@ -370,6 +387,10 @@ class Proxy:
                             stream=stream,
                             prefill=prefill,
                         )
+                        try:
+                            response = await forward(other_key=True)
+                        except OtherKeyFirst:
+                            response = await forward(other_key=False)
                         traced.answered(response.status)
                 except UpstreamFailed as failure:
                     last_failure = failure.reason
@@ -485,10 +506,13 @@ class Proxy:
         identity: bytes,
         stream: bool,
         prefill: float,
+        other_key: bool,
     ) -> Answer:
         """One attempt. Its verdict on the replica is given here (at the
         latest in `finally`, Outcome.NONE when it says nothing), except for a
-        5xx, whose verdict goes to the caller with the ServerError."""
+        5xx, whose verdict goes to the caller with the ServerError. With
+        `other_key`, an engine that refuses the key it is sent raises
+        OtherKeyFirst, to be asked again with the router's other key."""
         name = replica.endpoint.name
         series = self.metrics.series(replica)
         ticket = self.fleet.begin(replica, prefill_tokens=prefill)
@@ -531,7 +555,7 @@ class Proxy:
                     request.raw_path_qs,
                     raw,
                     method=request.method,
-                    identity=identity,
+                    identity=identity + self.engine_keys[replica.key],
                     on_first=first_output,
                     answer_by=first_byte_by,
                     extend=extend,
@@ -549,8 +573,12 @@ class Proxy:
                 # refusal is the replica's (another key, as while a rotated
                 # Secret reaches the engines one restart at a time), retried
                 # elsewhere; never an "invalid key" for a client whose was good.
-                verdict = Outcome.FAILED
                 series.requests(status).inc()
+                if other_key and len(self.engine_keys) > 1:
+                    replica.key = 1 - replica.key
+                    verdict = Outcome.NONE  # the key's fault, not the replica's
+                    raise OtherKeyFirst()
+                verdict = Outcome.FAILED
                 raise UpstreamFailed("engine_key_refused")
             if not (stream and status == 200):
                 exchange.disarm()
