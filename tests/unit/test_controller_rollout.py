@@ -1,7 +1,9 @@
 """Rollouts that stop before they hurt, on plain facts: a replacement that
 cannot run, or is not warm by rollout.progressDeadlineSeconds, gets its last
 good template back and the rollout pauses (no other replica is touched)
-until the spec changes; a replacement that warms up clears its marks."""
+until the spec changes; a replacement that warms up clears its marks. A new
+count (an autoscaler, an HPA, `kubectl scale`) is no new spec: the pause
+holds, and replicas made meanwhile get the last good template."""
 
 from __future__ import annotations
 
@@ -10,11 +12,12 @@ from dataclasses import replace
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import ConditionReason
 from shoal.controller.decide import Decision, Desired, Memory, Probes, decide
-from shoal.controller.desired import manifest_hash
+from shoal.controller.desired import build_replica, manifest_hash
 from shoal.controller.observe import ContainerFacts, Observed, ReplicaFacts, Waiting
 from shoal.controller.rollout import (
     Marks,
     RolloutPolicy,
+    digest,
     held_back,
     marks_of,
     parsed_spec,
@@ -207,3 +210,64 @@ def test_the_old_pod_still_serving_after_the_new_template_is_applied_is_not_the_
     decision = run(desired_of(BAD, marks, wall=WALL + 1), observed)
     assert "c-r0" not in decision.marks
     assert [p.name for p in decision.replace_pods] == ["c-r0-0"]  # it serves: it drains
+
+
+def rolled_back_on_replica_0() -> dict[int, Marks]:
+    """Replica 0 went back to GOOD after BAD could not run; the rollout is paused."""
+    rolled = Marks(built_from=spec_text(GOOD), stalled=desired_of(BAD, {}).rollout.spec_digest)  # type: ignore[union-attr]
+    return {0: rolled, 1: Marks(built_from=spec_text(GOOD)), 2: Marks(built_from=spec_text(GOOD))}
+
+
+def test_a_scale_down_during_a_pause_does_not_apply_the_template_that_could_not_run() -> None:
+    # The autoscaler, an HPA or kubectl scale set 3 -> 2: only the count changed.
+    decision = run(desired_of(spec("--no-such-flag", replicas=2), rolled_back_on_replica_0()),
+                   fleet_on(GOOD))  # fmt: skip
+    assert "c-r0" not in names(decision)
+    assert decision.stall is not None and decision.stall.state is ConditionReason.ROLLED_BACK
+    assert "c-r0" not in decision.marks
+
+
+def test_a_scale_up_during_a_pause_builds_the_new_replica_from_the_last_good_template() -> None:
+    scaled = spec("--no-such-flag", replicas=4)
+    decision = run(desired_of(scaled, rolled_back_on_replica_0()), fleet_on(GOOD))
+    assert names(decision) == ["c-r3"]
+    good = build_replica(REF, spec("--enforce-eager", replicas=4), index=3)
+    assert manifest_hash(decision.apply[0]) == manifest_hash(good.leader)
+    assert decision.stall is not None and decision.stall.state is ConditionReason.ROLLED_BACK
+    # Its marks say so: the next passes keep it there while the pause holds.
+    made = decision.marks["c-r3"]
+    assert made.built_from == spec_text(GOOD) and made.stalled is not None
+
+    observed = fleet_on(spec("--enforce-eager", replicas=4), indices=range(4))
+    later = run(desired_of(scaled, {**rolled_back_on_replica_0(), 3: made}), observed)
+    assert names(later) == [] and not later.replace_pods and not later.marks
+    assert later.stall is not None
+
+    # The spec fixed: the rollout resumes, replica 3 going back to GOOD if it must.
+    fixed = spec("--enforce-eager=false", replicas=4)
+    resumed = run(desired_of(fixed, {**rolled_back_on_replica_0(), 3: made}), observed)
+    assert resumed.stall is None and len(names(resumed)) == 1
+    assert all(m.last_good == spec_text(GOOD) for m in resumed.marks.values())
+
+
+def test_a_pause_an_earlier_operator_keyed_on_the_whole_spec_holds_and_is_rekeyed() -> None:
+    # Before, the pause was the digest of the whole spec text, count included.
+    marks = {**rolled_back_on_replica_0(), 0: Marks(built_from=spec_text(GOOD),
+                                                    stalled=digest(spec_text(BAD)))}  # fmt: skip
+    decision = run(desired_of(BAD, marks), fleet_on(GOOD))
+    assert names(decision) == [] and decision.stall is not None
+    rekeyed = decision.marks["c-r0"]
+    assert rekeyed.stalled == desired_of(BAD, {}).rollout.spec_digest  # type: ignore[union-attr]
+    assert rekeyed.built_from == spec_text(GOOD)
+    # Rekeyed, the pause outlasts a new count too.
+    scaled = run(desired_of(spec("--no-such-flag", replicas=2), {**marks, 0: rekeyed}),
+                 fleet_on(GOOD))  # fmt: skip
+    assert "c-r0" not in names(scaled) and scaled.stall is not None
+
+
+def test_no_replica_object_depends_on_the_fields_that_only_set_the_count() -> None:
+    # Why a pause may ignore them: a replica is the same whatever the count.
+    alone = spec_of(replicas=1, engine={"maxModelLen": 8192})
+    scaled = spec_of(replicas=7, engine={"maxModelLen": 8192},
+                     autoscaling={"minReplicas": 0, "maxReplicas": 9})  # fmt: skip
+    assert build_replica(REF, alone, index=3) == build_replica(REF, scaled, index=3)

@@ -8,16 +8,19 @@ changes it, so a killed operator loses none of it):
 - the spec it was built from (`built-from`);
 - while its replacement is not yet warm: when it was replaced
   (`replaced-at`) and the spec it ran while it last served (`last-good`);
-- once rolled back: the digest of the spec that could not run (`stalled`)
-  and why (`stalled-reason`).
+- once rolled back: the digest of the spec that could not run, less the
+  fields that only set the count (`stalled`), and why (`stalled-reason`).
 
 A replaced replica that does not become warm within
 rollout.progressDeadlineSeconds, or whose containers cannot run at all
 (crash-looping, image not pulled, misconfigured), gets its last good
 template back and the rollout is paused: no other replica is replaced
-while the spec is the one that stalled. Editing the spec again resumes it.
-Waiting for the deadline (not rolling back at once) on an unschedulable pod
-lets a node autoscaler bring the node it asks for."""
+while the spec is the one that stalled. Editing the spec again resumes it;
+a new count does not (`COUNT_FIELDS`: else an autoscaler, an HPA or
+`kubectl scale` would lift the pause), and a replica made while it holds
+gets the template the rollout went back to. Waiting for the deadline (not
+rolling back at once) on an unschedulable pod lets a node autoscaler bring
+the node it asks for."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from pydantic import ValidationError
@@ -53,6 +57,11 @@ MARK_ANNOTATIONS = (
 # A spec this long is not kept as an annotation (their total is capped at
 # 256 KiB): its replicas are replaced without a template to go back to.
 MAX_SPEC_TEXT = 64 * 1024
+# Spec fields that only set how many replicas run, written by the scale
+# subresource's users (the built-in autoscaler, an HPA, KEDA, `kubectl
+# scale`): no replica's objects depend on them, so a spec that differs only
+# there is no new spec to a rollout.
+COUNT_FIELDS = ("replicas", "autoscaling")
 
 
 # Why a rollout is paused (the Progressing condition's reason).
@@ -61,7 +70,24 @@ RolloutState = Literal[ConditionReason.ROLLOUT_STALLED, ConditionReason.ROLLED_B
 
 def spec_text(spec: VLLMClusterSpec) -> str:
     """The spec in one canonical text: what replicas record they were built from."""
-    return json.dumps(spec.to_json(), sort_keys=True, separators=(",", ":"))
+    return _canonical(spec.to_json())
+
+
+def template_text(text: str) -> str:
+    """A spec text (the spec now's, or one a replica recorded, which may
+    hold the count of its day) less COUNT_FIELDS: what a replica's objects
+    are built from. Texts are compared, and a pause keyed, on this."""
+    try:
+        found = json.loads(text)
+    except (ValueError, RecursionError):  # an annotation edited by hand
+        return text
+    if not isinstance(found, dict):
+        return text
+    return _canonical({key: value for key, value in found.items() if key not in COUNT_FIELDS})
+
+
+def _canonical(spec: object) -> str:
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"))
 
 
 def digest(text: str) -> str:
@@ -121,11 +147,33 @@ class RolloutPolicy:
     spec_text: str  # of the spec now
     deadline_seconds: float
     now_wall: float
-    marks: Mapping[int, Marks] = field(default_factory=dict)  # by replica
+    # By replica: every replica that exists has an entry (a new one has none).
+    marks: Mapping[int, Marks] = field(default_factory=dict)
+
+    @cached_property
+    def template(self) -> str:
+        return template_text(self.spec_text)
 
     @property
     def spec_digest(self) -> str:
+        """What a pause on the spec now is keyed on."""
+        return digest(self.template)
+
+    @property
+    def whole_digest(self) -> str:
+        """What operators before COUNT_FIELDS keyed it on: the whole spec text."""
         return digest(self.spec_text)
+
+    def built_from_now(self, text: str | None) -> bool:
+        """A recorded spec text builds the replicas the spec now builds."""
+        return text is not None and template_text(text) == self.template
+
+    def stalled_now(self, marks: Marks) -> bool:
+        """The marks pause the rollout of the spec now (keyed either way)."""
+        return marks.stalled is not None and marks.stalled in (
+            self.spec_digest,
+            self.whole_digest,
+        )
 
 
 @dataclass(frozen=True)
@@ -138,9 +186,9 @@ class Stall:
 def stall(policy: RolloutPolicy) -> Stall | None:
     """The pause in force: a replica rolled back (or stuck) on the spec now."""
     for index, marks in sorted(policy.marks.items()):
-        if marks.stalled == policy.spec_digest:
+        if policy.stalled_now(marks):
             state: RolloutState = ConditionReason.ROLLED_BACK
-            if marks.built_from == policy.spec_text:
+            if policy.built_from_now(marks.built_from):
                 state = ConditionReason.ROLLOUT_STALLED
             return Stall(index, state, marks.stalled_reason or "the rollout is paused")
     return None
@@ -150,7 +198,7 @@ def stalled_on_spec(policy: RolloutPolicy, index: int) -> bool:
     """The replica is held at its last good template while the spec is the
     one that did not run on it."""
     marks = policy.marks.get(index, Marks())
-    return marks.stalled == policy.spec_digest and marks.built_from != policy.spec_text
+    return policy.stalled_now(marks) and not policy.built_from_now(marks.built_from)
 
 
 def fallback_text(policy: RolloutPolicy, index: int) -> str | None:
@@ -160,19 +208,34 @@ def fallback_text(policy: RolloutPolicy, index: int) -> str | None:
     return marks.built_from if stalled_on_spec(policy, index) else None
 
 
+def went_back_to(policy: RolloutPolicy) -> tuple[str, Marks] | None:
+    """While the rollout is paused after a rollback: the spec text the
+    rollout went back to, and the marks that say so (a replica made now is
+    built from it, and held there as the rolled-back one is)."""
+    for index, marks in sorted(policy.marks.items()):
+        if marks.built_from is not None and stalled_on_spec(policy, index):
+            return marks.built_from, marks
+    return None
+
+
 def replaced(policy: RolloutPolicy, index: int, *, serving: bool) -> Marks:
     """Marks for a replica getting the spec now's template: the spec it
     served on is the one to go back to (a replica not serving keeps the one
     it had)."""
     marks = policy.marks.get(index, Marks())
     good = marks.built_from if serving else marks.last_good
-    if good == policy.spec_text:
-        good = marks.last_good if marks.last_good != policy.spec_text else None
+    if policy.built_from_now(good):
+        good = marks.last_good if not policy.built_from_now(marks.last_good) else None
     return Marks(built_from=policy.spec_text, last_good=good, replaced_at=policy.now_wall)
 
 
 def created(policy: RolloutPolicy) -> Marks:
-    return Marks(built_from=policy.spec_text)
+    """Marks for a replica made now (`held_back` builds it to match)."""
+    paused = went_back_to(policy)
+    if paused is None:
+        return Marks(built_from=policy.spec_text)
+    good, marks = paused
+    return Marks(built_from=good, stalled=policy.spec_digest, stalled_reason=marks.stalled_reason)
 
 
 @dataclass(frozen=True)
@@ -248,11 +311,15 @@ def stale(policy: RolloutPolicy, index: int, *, up_to_date: bool, serving: bool)
     """Marks to rewrite on a replica settled on its template: a pause for a
     spec no longer asked for, a replacement long done. None: nothing to do."""
     marks = policy.marks.get(index, Marks())
+    if marks.stalled == policy.whole_digest:
+        # Keyed by an earlier operator on the whole spec: rekeyed at once, so
+        # that the pause outlasts a new count from here on.
+        return dataclasses.replace(marks, stalled=policy.spec_digest)
     if not up_to_date or not serving:
         return None
-    old_stall = marks.stalled is not None and marks.stalled != policy.spec_digest
+    old_stall = marks.stalled is not None and not policy.stalled_now(marks)
     # Stuck on the spec now without a way back, and serving after all (a node came).
-    recovered = marks.stalled == policy.spec_digest and marks.built_from == policy.spec_text
+    recovered = policy.stalled_now(marks) and policy.built_from_now(marks.built_from)
     if old_stall or recovered or (marks.stalled is None and marks.replaced_at is not None):
         return Marks(built_from=marks.built_from)
     return None
@@ -271,10 +338,14 @@ def held_back(
     ref: ClusterRef, fleet: DesiredFleet, *, policy: RolloutPolicy
 ) -> tuple[DesiredFleet, dict[int, ReplicaObjects]]:
     """The fleet with replicas stalled on the spec now kept at the template
-    they went back to, and each replica's last good template (to go back to)."""
+    they went back to (and replicas made while so paused built from it: see
+    `created`), and each replica's last good template (to go back to)."""
+    paused = went_back_to(policy)
     replicas = []
     for objects in fleet.replicas:
         text = fallback_text(policy, objects.index)
+        if objects.index not in policy.marks and paused is not None:
+            text = paused[0]
         spec = parsed_spec(text) if text is not None else None
         replicas.append(build_replica(ref, spec, index=objects.index) if spec else objects)
     fallback = {}
