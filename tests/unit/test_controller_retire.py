@@ -111,3 +111,16 @@ def test_without_the_autoscaler_replicas_not_serving_go_before_the_highest() -> 
     assert live_indices(spec_of(replicas=2), observed, {}) == [1, 2]
     # All serving: the highest go, as before.
     assert live_indices(spec_of(replicas=1), serving(range(3), desired_for(3)), {}) == [0]
+
+
+def test_a_removal_order_left_from_another_scale_does_not_drain_the_warm_replica() -> None:
+    # The autoscaler ranked "0,1" once; since, an HPA (or kubectl scale) set
+    # 2 -> 1 while replica 1 still loads: the ranking is not for this scale.
+    from shoal.controller.reconcile import live_indices
+    from tests.unit.controller_samples import spec_of
+    from tests.unit.test_controller_decide import desired_for, pod_for, serving
+
+    observed = serving(range(2), desired_for(2))
+    observed.replicas[1].pods = [pod_for(1, ready=False, warmed=None)]
+    spec = spec_of(replicas=1, autoscaling={"minReplicas": 1, "maxReplicas": 4})
+    assert live_indices(spec, observed, {"serving.shoal.dev/removal-order": "0,1"}) == [0]

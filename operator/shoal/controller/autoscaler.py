@@ -6,10 +6,12 @@ The rest of the operator then does what any scale does: new replicas are
 created and warm-gated before they take traffic, removed ones drained first.
 
 It stands aside while an HPA or a KEDA ScaledObject targets the cluster (two
-scalers would fight over spec.replicas). It writes status.autoscaling
-(desired, current, the signal, the last decision and why) when the decision
-changes, and a signal that only moved at most every STATUS_REFRESH_SECONDS;
-off, it writes nothing (an idle fleet makes no writes)."""
+scalers would fight over spec.replicas), and then, or turned off, takes its
+removal order away: the order is for its own scales. It writes
+status.autoscaling (desired, current, the signal, the last decision and why)
+when the decision changes, and a signal that only moved at most every
+STATUS_REFRESH_SECONDS; off, it writes nothing (an idle fleet makes no
+writes)."""
 
 from __future__ import annotations
 
@@ -44,8 +46,8 @@ from shoal.controller.identity import ClusterRef
 from shoal.controller.kube import ApiError
 from shoal.controller.logs import cluster_logger
 from shoal.controller.names import ANNOTATION_PAUSED, ANNOTATION_REMOVAL_ORDER
-from shoal.controller.reconcile import now_text, parse, router_pods
-from shoal.controller.retire import order_text, removal_order, replica_loads
+from shoal.controller.reconcile import now_text, parse, removal_order_text, router_pods
+from shoal.controller.retire import removal_order, replica_loads
 from shoal.engine.client import METRICS_DEADLINE_SECONDS
 from shoal.engine.endpoints import base_url
 from shoal.engine.errors import EngineError
@@ -97,12 +99,14 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
     meta = body["metadata"]
     ref = ClusterRef.of(body)
     status = body.get("status") or {}
+    annotations = meta.get("annotations") or {}
     if not (body.get("spec") or {}).get("autoscaling"):
+        await _drop_removal_order(ctx, ref, annotations=annotations)
         if status.get("autoscaling") is not None or state.written is not None:
             await _write(ctx, ref, state, None)
         return
     spec, errors = parse(body)
-    paused = (meta.get("annotations") or {}).get(ANNOTATION_PAUSED) == "true"
+    paused = annotations.get(ANNOTATION_PAUSED) == "true"
     if spec is None or errors or spec.autoscaling is None or paused:
         # The reconciler reports an invalid spec; a paused cluster is left
         # alone. Its windows are forgotten: the next round is a first round.
@@ -129,6 +133,7 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
         demand = Demand(requests=None, arrived=False)
         routers = 0
         in_flight: dict[str, float] = {}
+        await _drop_removal_order(ctx, ref, annotations=annotations)
     else:
         pods = await router_pods(ctx, ref)
         scrapes = await _read_routers(ctx, {uid: pod.ip for uid, pod in pods.items()})
@@ -142,14 +147,16 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
             policy, demand=demand, current=current, memory=state.memory, now=time.monotonic()
         )
         state.memory = decision.memory
-    scaled_at = (state.written or {}).get("lastScaleTime")
+    # A process that has not scaled yet keeps the time an earlier one wrote
+    # (it starts with nothing written, and its first write nulls what it omits).
+    scaled_at = (state.written or status.get("autoscaling") or {}).get("lastScaleTime")
     if decision.desired != current:
         if decision.desired < current:
             # Which replicas go, named before the count drops: the reconciler
             # removes them in this order (controller/retire.py).
             loads = replica_loads(status.get("replicaStatuses") or [], in_flight, cluster=ref.name)
-            order = order_text(removal_order(loads))
-            if order != (meta.get("annotations") or {}).get(ANNOTATION_REMOVAL_ORDER):
+            order = removal_order_text(removal_order(loads), count=decision.desired)
+            if order != annotations.get(ANNOTATION_REMOVAL_ORDER):
                 await ctx.kube.patch(
                     API_VERSION,
                     KIND,
@@ -186,6 +193,22 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
         stood_aside_for=other,
     ).model_dump(by_alias=True, exclude_none=True)
     await _write(ctx, ref, state, written)
+
+
+async def _drop_removal_order(
+    ctx: OperatorContext, ref: ClusterRef, *, annotations: Mapping[str, str]
+) -> None:
+    """Take the autoscaler's removal order away, if it is there."""
+    if ANNOTATION_REMOVAL_ORDER not in annotations:
+        return
+    await ctx.kube.patch(
+        API_VERSION,
+        KIND,
+        ref.namespace,
+        ref.name,
+        {"metadata": {"annotations": {ANNOTATION_REMOVAL_ORDER: None}}},
+        field_manager=FIELD_MANAGER,
+    )
 
 
 async def _write(

@@ -16,7 +16,7 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shoal.api import API_VERSION, KIND
@@ -80,7 +80,7 @@ from shoal.controller.observe import (
 from shoal.controller.placement import GPU_COUNT_LABEL, with_gpu_facts
 from shoal.controller.probes import engine_key
 from shoal.controller.restarts import seed_restart_times
-from shoal.controller.retire import kept_indices, not_serving_first, parse_order
+from shoal.controller.retire import kept_indices, not_serving_first, order_text, parse_order
 from shoal.controller.rollout import Marks, RolloutPolicy, held_back, marks_of, spec_text
 from shoal.controller.status import (
     Refusal,
@@ -360,19 +360,39 @@ async def _pod_refusals(
     return found
 
 
+# The removal order names the count the autoscaler set with it, as one more
+# comma-separated part (which parse_order skips): a ranking left from its own
+# last scale-down is no ranking for a scale an HPA, KEDA or `kubectl scale`
+# makes later, which sees other replicas ready than it did.
+_ORDER_COUNT = "replicas="
+
+
+def removal_order_text(order: Sequence[int], *, count: int) -> str:
+    """The removal-order annotation for a scale to count, first removed first."""
+    return f"{_ORDER_COUNT}{count},{order_text(order)}"
+
+
+def removal_order_for(text: str | None, *, count: int) -> tuple[int, ...]:
+    """The annotation's indices if it was written for a scale to count, else
+    none (one with no count, an earlier operator's, says for no scale)."""
+    parts = {part.strip() for part in (text or "").split(",")}
+    return parse_order(text) if f"{_ORDER_COUNT}{count}" in parts else ()
+
+
 def live_indices(
     spec: VLLMClusterSpec, observed: Observed, annotations: Mapping[str, str]
 ) -> list[int]:
     """The replicas the spec keeps: those that exist, less the first of the
-    autoscaler's removal order (only while it scales the cluster), then those
-    not serving (a scale-down by hand must not drain the serving replicas
-    while one that loads stays), or more."""
+    autoscaler's removal order (only while it scales the cluster: written for
+    the count spec.replicas has), then those not serving (a scale-down by
+    hand must not drain the serving replicas while one that loads stays), or
+    more."""
     text = annotations.get(ANNOTATION_REMOVAL_ORDER) if spec.autoscaling is not None else None
     existing = [i for i, replica in observed.replicas.items() if replica.leader is not None]
     idle = not_serving_first(
         {i: (p := observed.replica(i).leader_pod) is not None and p.ready for i in existing}
     )
-    order = (*parse_order(text), *idle)
+    order = (*removal_order_for(text, count=spec.replicas), *idle)
     return kept_indices(count=spec.replicas, existing=existing, order=order)
 
 
