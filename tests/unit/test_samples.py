@@ -43,6 +43,12 @@ def test_every_cel_rule_has_a_bad_sample_that_python_refuses_for_the_same_rule()
     assert missing == []
 
 
+def test_each_cel_rule_has_an_id_of_its_own() -> None:
+    # One id for two rules would let one sample stand for both.
+    ids = [rule.rule for rule in RULES]
+    assert sorted(i for i in set(ids) if ids.count(i) > 1) == []
+
+
 def test_there_are_samples_of_both_kinds() -> None:
     caught = {sample.caught_by for sample in bad_samples()}
     assert caught == set(CAUGHT_BY)

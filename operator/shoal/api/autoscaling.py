@@ -12,7 +12,7 @@ more closely, but they rest on the router's estimate of prompt lengths, and a
 target in tokens is hard to choose without measuring each model.
 
 Off unless the section is given. Cross-field rules are in `validation` and
-`cel` (autoscaling-bounds, autoscaling-zero-wait)."""
+`cel` (autoscaling-bounds, autoscaling-zero-wait, autoscaling-zero-queue)."""
 
 from __future__ import annotations
 

@@ -419,6 +419,16 @@ RULES: tuple[CelRule, ...] = (
         field_path=".router.queue.zeroReplicaWaitSeconds",
     ),
     CelRule(
+        rule="autoscaling-zero-queue",
+        location="",
+        expression="!has(self.autoscaling) || self.autoscaling.minReplicas > 0 || "
+        "self.router.queue.maxQueued > 0",
+        message="spec.autoscaling.minReplicas 0 needs spec.router.queue.maxQueued above 0 "
+        "(the default is 256): with no queue a request at zero replicas is answered 429 "
+        "before it counts as demand, and no replica is ever started",
+        field_path=".router.queue.maxQueued",
+    ),
+    CelRule(
         rule="restart-backoff",
         location="health.restartBackoff",
         expression="self.initialSeconds <= self.maxSeconds",

@@ -230,7 +230,8 @@ class RouterQueue(ApiModel):
         ge=0,
         le=1000000,
         description="Requests waiting in the router; beyond it the router answers 429 "
-        "with Retry-After.",
+        "with Retry-After. Requests held at zero replicas wait here too, so "
+        "autoscaling.minReplicas 0 needs it above 0.",
     )
     max_wait_seconds: int = Field(
         default=30, ge=1, le=3600, description="Longest a request waits for a replica."
@@ -242,10 +243,11 @@ class RouterQueue(ApiModel):
         default=0,
         ge=0,
         le=3600,
-        description="With no replica at all (scaled to zero), how long a request is held, "
-        "in arrival order, for one to start and warm; past it the answer is 503 with "
-        "Retry-After. The routers stay Ready meanwhile, and count held requests in "
-        "shoal_router_queue_depth, which the autoscaler reads. 0: answer 503 at once.",
+        description="With no replica at all (scaled to zero), how long a request is held "
+        "(in arrival order, up to maxQueued of them) for one to start and warm; past it "
+        "the answer is 503 with Retry-After. The routers stay Ready meanwhile, and count "
+        "held requests in shoal_router_queue_depth, which the autoscaler reads. 0: answer "
+        "503 at once.",
     )
 
 

@@ -378,6 +378,19 @@ def _autoscaling(spec: VLLMClusterSpec) -> list[SpecError]:
                 "autoscaling-zero-wait",
             )
         )
+    if scaling.min_replicas == 0 and spec.router.queue.max_queued == 0:
+        # The routers hold a request at zero in their queue: with none, it is
+        # answered 429 before it counts as demand, and the fleet stays at zero.
+        errors.append(
+            SpecError(
+                "spec.router.queue.maxQueued",
+                "minReplicas 0 needs room in the routers' queue: with maxQueued 0 a request "
+                "at zero replicas is answered 429 at once, never counts as demand, and "
+                "nothing starts a replica; set maxQueued above 0 (the default is 256), or "
+                "raise spec.autoscaling.minReplicas",
+                "autoscaling-zero-queue",
+            )
+        )
     return errors
 
 
