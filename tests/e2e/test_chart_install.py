@@ -89,8 +89,17 @@ def namespaces(testbed: Testbed) -> Iterator[tuple[str, str]]:
             capture_output=True,
             timeout=120,
         )
-        for ns in (apps, system):
+        for ns in (apps, doomed(apps), system):
             testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+# How a refused list of VLLMClusters reads (audit_use).
+WATCHED = str(("serving.shoal.dev", "vllmclusters", "", "list"))
+
+
+def doomed(apps: str) -> str:
+    """A second watched namespace, deleted while the operator runs."""
+    return f"{apps}-doomed"
 
 
 def chart_rules(
@@ -158,6 +167,8 @@ def test_helm_install_upgrade_test_uninstall_and_least_privilege(
 ) -> None:
     system, apps = namespaces
     release_values = ["--set", f"operator.watchNamespaces={{{apps}}}"]
+    installed_values = ["--set", f"operator.watchNamespaces={{{apps},{doomed(apps)}}}"]
+    testbed.kubectl("create", "namespace", doomed(apps))
     helm(
         testbed,
         "install",
@@ -166,7 +177,7 @@ def test_helm_install_upgrade_test_uninstall_and_least_privilege(
         "-n",
         system,
         "--create-namespace",
-        *release_values,
+        *installed_values,
         "--wait",
         "--timeout",
         "180s",
@@ -187,6 +198,14 @@ def test_helm_install_upgrade_test_uninstall_and_least_privilege(
     assert (
         complete(router_url(testbed, apps, "fleet"), "hello through the chart").status_code == 200
     )
+    # A replica on two nodes (the operator annotates its group's pods), in a
+    # namespace then deleted: the operator reads its clusters back to take
+    # its finalizer off, or the namespace stays Terminating.
+    big = cluster_manifest("big", replicas=1, tensor=16, model="meta-llama/Llama-3.1-405B-Instruct")
+    testbed.kubectl("apply", "-n", doomed(apps), "-f", "-", input_text=yaml.safe_dump(big))
+    wait_ready(testbed, doomed(apps), "big", 1, timeout=180)
+    testbed.kubectl("delete", "namespace", doomed(apps), "--timeout=120s")
+
     operator_ip = testbed.kubectl(
         "get",
         "pods",
@@ -209,7 +228,8 @@ def test_helm_install_upgrade_test_uninstall_and_least_privilege(
     ]
     assert passes and passes[0].value >= 1, metrics
 
-    # Changed values roll the operator, which keeps the fleet as it is.
+    # Changed values (the namespace gone from them too) roll the operator,
+    # which keeps the fleet as it is.
     helm(
         testbed,
         "upgrade",
@@ -265,6 +285,10 @@ def test_helm_install_upgrade_test_uninstall_and_least_privilege(
 
     # Least privilege, from what the API server saw the chart's account do.
     used, refused = audit_use(testbed, f"system:serviceaccount:{system}:shoal", before=uninstalled)
+    # The deleted namespace's Role went with it, and kopf's watch there was
+    # refused until the upgrade rolled the operator without it.
+    gone = f"/namespaces/{doomed(apps)}/vllmclusters?"
+    refused = [r for r in refused if not (r.startswith(WATCHED) and gone in r)]
     assert not refused, "the chart refused the operator:\n" + "\n".join(refused)
     granted = chart_rules(testbed, system, apps)
     assert used <= granted, f"used but not granted: {sorted(used - granted)}"

@@ -84,6 +84,14 @@ def test_watch_namespaces_get_roles_not_cluster_wide_rules() -> None:
     (cluster_role,) = by_kind["ClusterRole"]
     cluster_resources = {res for rule in cluster_role["rules"] for res in rule["resources"]}
     assert "statefulsets" not in cluster_resources, "namespaced mode must not grant cluster-wide"
+    # But a cluster's finalizer: a namespace being deleted loses its Role first.
+    cluster_rules = {
+        (r, v) for rule in cluster_role["rules"] for r in rule["resources"] for v in rule["verbs"]
+    }
+    assert {r for r in cluster_rules if r[0].startswith("vllmclusters")} == {
+        ("vllmclusters", "get"),
+        ("vllmclusters", "patch"),
+    }
     args = by_kind["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
     assert {p["metadata"]["namespace"] for p in by_kind["NetworkPolicy"]} == {"team-a", "team-b"}
