@@ -87,10 +87,12 @@ class UpstreamFailed(Exception):
 
 class OtherKeyFirst(UpstreamFailed):
     """The engine refused the router's key, and it holds another the engine
-    may take (the one before a rotation): the same replica is asked again."""
+    may take (the one before a rotation): the same replica is asked again
+    with that one (`key`, an index into Proxy.engine_keys)."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: int) -> None:
         super().__init__("engine_key_refused")
+        self.key = key
 
 
 class ServerError(Exception):
@@ -388,9 +390,9 @@ class Proxy:
                             prefill=prefill,
                         )
                         try:
-                            response = await forward(other_key=True)
-                        except OtherKeyFirst:
-                            response = await forward(other_key=False)
+                            response = await forward(key=None)
+                        except OtherKeyFirst as refused:
+                            response = await forward(key=refused.key)
                         traced.answered(response.status)
                 except UpstreamFailed as failure:
                     last_failure = failure.reason
@@ -506,13 +508,13 @@ class Proxy:
         identity: bytes,
         stream: bool,
         prefill: float,
-        other_key: bool,
+        key: int | None,
     ) -> Answer:
         """One attempt. Its verdict on the replica is given here (at the
         latest in `finally`, Outcome.NONE when it says nothing), except for a
-        5xx, whose verdict goes to the caller with the ServerError. With
-        `other_key`, an engine that refuses the key it is sent raises
-        OtherKeyFirst, to be asked again with the router's other key."""
+        5xx, whose verdict goes to the caller with the ServerError. `key`
+        None: the replica is sent the key it took, and on a refusal
+        OtherKeyFirst names the other to ask again with; else that one."""
         name = replica.endpoint.name
         series = self.metrics.series(replica)
         ticket = self.fleet.begin(replica, prefill_tokens=prefill)
@@ -545,6 +547,7 @@ class Proxy:
                 step=timeouts.first_byte_seconds,
                 deadline=deadline,
             ).extend
+        sent = replica.key if key is None else key
         exchange: Exchange | None = None
         verdict: Outcome | None = Outcome.NONE  # still to give; None once given
         try:
@@ -555,7 +558,7 @@ class Proxy:
                     request.raw_path_qs,
                     raw,
                     method=request.method,
-                    identity=identity + self.engine_keys[replica.key],
+                    identity=identity + self.engine_keys[sent],
                     on_first=first_output,
                     answer_by=first_byte_by,
                     extend=extend,
@@ -574,10 +577,12 @@ class Proxy:
                 # Secret reaches the engines one restart at a time), retried
                 # elsewhere; never an "invalid key" for a client whose was good.
                 series.requests(status).inc()
-                if other_key and len(self.engine_keys) > 1:
-                    replica.key = 1 - replica.key
+                if key is None and len(self.engine_keys) > 1:
+                    # The other key of the one sent: concurrent refusals all
+                    # agree on it, whatever order they come back in.
+                    replica.key = 1 - sent
                     verdict = Outcome.NONE  # the key's fault, not the replica's
-                    raise OtherKeyFirst()
+                    raise OtherKeyFirst(1 - sent)
                 verdict = Outcome.FAILED
                 raise UpstreamFailed("engine_key_refused")
             if not (stream and status == 200):
