@@ -13,6 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from shoal.controller.decide import EventReason
+from shoal.controller.enginekeys import key_digest
+from shoal.controller.names import ANNOTATION_ENGINE_KEY
 from shoal_testbed.cluster import Testbed
 from tests.e2e.kube import apply, wait_for
 from tests.e2e.operator_env import (
@@ -21,14 +24,18 @@ from tests.e2e.operator_env import (
     children,
     cluster_manifest,
     condition_of,
+    events,
+    router_url,
     wait_ready,
 )
+from tests.e2e.test_warmup_gating import SteadyLoad
 
 pytestmark = pytest.mark.e2e
 
 PATTERN = "shoal-engine-key"
 
 KEY = "sk-engine-e2e-0001"
+NEW_KEY = "sk-engine-e2e-0002"
 BODY = {"model": MODEL, "prompt": "who goes there", "max_tokens": 2}
 PROMPT = {"text": "You are the fleet's shared system prompt. " * 60}
 
@@ -86,3 +93,57 @@ def test_a_fleet_whose_engines_require_a_key_warms_up_and_serves_through_its_rou
 
     answer = wait_for(served, what="a completion through the router", timeout=90)
     assert answer.json()["usage"]["completion_tokens"] == 2
+
+
+def _digests(bed: Testbed, ns: str, name: str) -> set[str | None]:
+    """The key digests the cluster's engine pods were started with."""
+    return {
+        pod["metadata"].get("annotations", {}).get(ANNOTATION_ENGINE_KEY)
+        for pod in _pods(bed, ns, name, "engine")
+    }
+
+
+def test_a_rotated_engine_key_rolls_the_engines_one_at_a_time_losing_no_request(
+    testbed: Testbed, ns: str
+) -> None:
+    # vLLM reads its key once: a Secret changed in place reached the routers
+    # (a mounted file) but no engine, so every request was refused with the
+    # new key, and the operator's canary failed every replica at once.
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "rotated-key"},
+        "type": "Opaque",
+        "stringData": {"key": KEY},
+    }
+    apply(testbed, ns, secret)
+    spec = cluster_manifest("rotated", replicas=2, tensor=4)
+    spec["spec"]["engine"]["apiKeySecret"] = {"name": "rotated-key", "key": "key"}
+    apply(testbed, ns, spec)
+    wait_ready(testbed, ns, "rotated", 2, timeout=180)
+    assert _digests(testbed, ns, "rotated") == {key_digest(KEY)}
+    url = router_url(testbed, ns, "rotated")
+    with SteadyLoad(url, pause=0.05) as load:
+        wait_for(lambda: len(load.spans) >= 10, what="steady load flowing", timeout=30)
+        apply(testbed, ns, {**secret, "stringData": {"key": NEW_KEY}})
+        wait_for(
+            lambda: _digests(testbed, ns, "rotated") == {key_digest(NEW_KEY)},
+            what="every engine restarted with the new key",
+            timeout=300,
+            interval=1,
+        )
+        wait_ready(testbed, ns, "rotated", 2, timeout=120)
+        served = len(load.spans)
+        wait_for(lambda: len(load.spans) >= served + 10, what="load served after", timeout=60)
+    assert load.failed == [], load.failed[:5]
+    replaced = [
+        e
+        for e in events(testbed, ns, "rotated")
+        if e.get("reason") == EventReason.REPLICA_REPLACING
+    ]
+    assert len(replaced) == 2, replaced  # each once, as maxUnavailable 1 lets them go
+    for pod in _pods(testbed, ns, "rotated", "engine"):
+        engine_url = f"http://{pod['status']['podIP']}:8000"
+        keyed = {"Authorization": f"Bearer {NEW_KEY}"}
+        answer = httpx.post(engine_url + "/v1/completions", json=BODY, headers=keyed, timeout=30)
+        assert answer.is_success, answer.text

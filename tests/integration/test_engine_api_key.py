@@ -18,8 +18,11 @@ import httpx
 import pytest
 
 from shoal.api.router import CircuitBreaker
+from shoal.api.spec import HealthSpec
+from shoal.controller import healthloop
+from shoal.controller.healthloop import HealthChecks, Target, _ClusterChecks
 from shoal.engine.client import EngineClient
-from shoal.health.assess import Outcome
+from shoal.health.assess import Outcome, Probe
 from shoal.health.probe import probe
 from shoal.procs import wait_until
 from shoal.router.proxy import REPLICA_HEADER
@@ -183,3 +186,26 @@ def test_a_rotated_engine_key_keeps_the_engines_still_on_the_old_one_serving(
     assert {a.headers[REPLICA_HEADER] for a in answers} == {
         _netloc(u) for u in (one, two, restarted)
     }
+
+
+def test_the_health_canary_tries_the_other_known_key_before_calling_a_refusal_failing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pod of a replica not yet rolled, recreated (a heal, an eviction), took
+    # the Secret's new key though its annotation names the old one: a canary
+    # sent only that one was refused, the replica marked failing and
+    # restarted again and again.
+    async def run(url: str) -> tuple[Probe | None, Probe | None]:
+        async with EngineClient() as engine:
+            checks = HealthChecks(engine=engine)
+            cluster = _ClusterChecks(HealthSpec(), lambda: None)
+            ip = httpx.URL(url).host
+            old_only = Target(ip=ip, model=MODEL, keys=("sk-engine-old",))
+            both = Target(ip=ip, model=MODEL, keys=("sk-engine-old", "sk-engine-new"))
+            return (await checks._probe(cluster, old_only), await checks._probe(cluster, both))
+
+    with sim(tmp_path, "--api-key", "sk-engine-new") as (_, url):
+        monkeypatch.setattr(healthloop, "ENGINE_PORT", httpx.URL(url).port)  # the pods' port
+        refused, taken = asyncio.run(run(url))
+    assert refused is not None and (refused.canary, refused.canary_status) == (Outcome.ERROR, 401)
+    assert taken is not None and taken.canary is Outcome.OK

@@ -31,6 +31,7 @@ PURE_CONTROLLER = (
     "desired",
     "election",
     "engine",
+    "enginekeys",
     "events",
     "failures",
     "identity",

@@ -323,10 +323,11 @@ class EngineSpec(ApiModel):
         "stay open: it is no substitute for a NetworkPolicy). The router sends it to the "
         "engines in place of the client's Authorization (clients' keys are "
         "spec.router.apiKeySecret), and the operator reads it for its canary and warm-up. "
-        "vLLM reads it once, at start: a changed Secret reaches routers within about a "
-        "minute but engines only when they restart: meanwhile a request an engine refuses "
-        "is retried on one that takes the new key, and with none it is answered 503 "
-        "(engine_key_refused). Default: engines need no key.",
+        "vLLM reads it once, at start: a changed Secret is rolled out (each engine template "
+        "records the key's digest), one replica at a time within rollout.maxUnavailable, "
+        "while routers send each engine the key it took, the new one or the one before; a "
+        "request no engine takes is answered 503 (engine_key_refused). Default: engines "
+        "need no key.",
     )
     pod: PodSettings | None = Field(
         default=None,

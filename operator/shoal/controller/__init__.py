@@ -13,8 +13,9 @@ builders `engine`, `router`, `services`, `desired` (with `identity`, `names`,
 (facts and actions -> status), with `restarts` and `failures` (containers'
 states -> why, and what to do), `events` (the Events shoal posts), and
 `autoscale` (the routers' demand -> replicas), `retire` (which
-replicas a fleet keeps: the cheapest to lose go first) and `election`
-(when an operator may take the Lease that lets one act at a time).
+replicas a fleet keeps: the cheapest to lose go first), `enginekeys` (the
+engines' API key digest on their templates, so a rotated key rolls out) and
+`election` (when an operator may take the Lease that lets one act at a time).
 
 I/O: `kube` (the API server), `probes`, `healthloop` and `warming` (the
 engines), `autoscaler` (reads the routers, sets the scale subresource),

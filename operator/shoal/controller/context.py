@@ -14,6 +14,7 @@ from kopf._cogs.structs.references import NamespaceName, match_namespace
 
 from shoal.controller.children import ChildStore
 from shoal.controller.decide import Event, Memory
+from shoal.controller.enginekeys import KeyRing
 from shoal.controller.healthloop import HealthChecks
 from shoal.controller.identity import ClusterRef, Manifest
 from shoal.controller.kube import KubeApi
@@ -101,6 +102,7 @@ class ClusterState:
     # failed list, so the engines' manifests do not change with it.
     gpu_nodes: list[dict[str, Any]] | None = None
     gone: bool = False  # deleted: its daemon has ended (kopf may still run its timer)
+    engine_keys: KeyRing = field(default_factory=KeyRing)  # spec.engine.apiKeySecret's, read
 
 
 @dataclass

@@ -914,7 +914,8 @@ def _roll_out(
                 Event(
                     EventType.NORMAL,
                     EventReason.REPLICA_REPLACING,
-                    f"replacing replica {index} (spec changed)",
+                    f"replacing replica {index} (its template changed: the spec, or the "
+                    "engines' API key)",
                     replica=index,
                 )
             )

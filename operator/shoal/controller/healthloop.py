@@ -16,6 +16,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 
 from shoal.api.router import INTERNAL_PORT
 from shoal.api.spec import HealthSpec
@@ -42,6 +43,9 @@ class Target:
     ip: str
     model: str
     name: str = ""  # the leader pod's name: the routers' replica label
+    # The API keys its canary may send, the one it was started with first
+    # (another after a 401: controller/enginekeys.py); None: no key.
+    keys: tuple[str | None, ...] = (None,)
 
 
 class _ClusterChecks:
@@ -51,7 +55,6 @@ class _ClusterChecks:
         self.targets: dict[str, Target] = {}
         self.routers: dict[str, str] = {}  # router pod uid -> IP
         self.window = RouterErrorWindow()
-        self.engine: EngineClient | None = None  # keyed for the cluster's engines
         self.trackers: dict[str, HealthTracker] = {}
         self.latest: dict[str, Assessment] = {}
         self.task: asyncio.Task[None] | None = None
@@ -70,18 +73,15 @@ class HealthChecks:
         targets: dict[str, Target],
         wake: Callable[[], None],
         routers: Mapping[str, str] | None = None,
-        *,
-        key: str | None = None,
     ) -> dict[str, Assessment]:
-        """Set the cluster's targets (by pod uid), router pods (uid -> IP,
-        scraped for per-replica errors when spec.health.routerErrors is
-        enabled) and the engines' API key (the canary sends it); the latest
+        """Set the cluster's targets (by pod uid, each with the API key its
+        canary sends) and router pods (uid -> IP, scraped for per-replica
+        errors when spec.health.routerErrors is enabled); the latest
         assessments of the targets."""
         checks = self._clusters.get(ref)
         if checks is None:
             checks = self._clusters[ref] = _ClusterChecks(health, wake)
         checks.health, checks.wake, checks.targets = health, wake, dict(targets)
-        checks.engine = self._engine.with_key(key)
         checks.routers = dict(routers or {}) if health.router_errors.enabled else {}
         for uid in [u for u in checks.trackers if u not in targets]:
             del checks.trackers[uid]
@@ -117,13 +117,18 @@ class HealthChecks:
     async def _probe(self, checks: _ClusterChecks, target: Target) -> Probe | None:
         async with self._limit:
             try:
-                return await probe(
-                    checks.engine or self._engine,
-                    base_url(target.ip, port=ENGINE_PORT),
-                    model=target.model,
-                    health_timeout=HEALTH_DEADLINE_SECONDS,
-                    canary_timeout=float(checks.health.canary_timeout_seconds),
-                )
+                found = None
+                for key in target.keys:
+                    found = await probe(
+                        self._engine.with_key(key),
+                        base_url(target.ip, port=ENGINE_PORT),
+                        model=target.model,
+                        health_timeout=HEALTH_DEADLINE_SECONDS,
+                        canary_timeout=float(checks.health.canary_timeout_seconds),
+                    )
+                    if found.canary_status != HTTPStatus.UNAUTHORIZED:
+                        break
+                return found
             except Exception:  # a bug in one check must not end the loop
                 log.exception("health check of %s failed", target.ip)
                 return None

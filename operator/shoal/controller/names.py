@@ -35,6 +35,9 @@ ANNOTATION_SPEC_HASH = f"{DOMAIN}/spec-hash"
 ANNOTATION_ROUTER_CONFIG_HASH = f"{DOMAIN}/router-config-hash"
 # On the pods of a multi-node group: the members the group was formed with.
 ANNOTATION_GROUP = f"{DOMAIN}/group"
+# On engine pod templates (and so their pods): the digest of the API key
+# (spec.engine.apiKeySecret) they were started with (controller/enginekeys.py).
+ANNOTATION_ENGINE_KEY = f"{DOMAIN}/engine-key"
 # On a VLLMCluster: replica indices, the first to remove first on a scale-down
 # (the autoscaler ranks them by what their loss costs; controller/retire.py).
 ANNOTATION_REMOVAL_ORDER = f"{DOMAIN}/removal-order"

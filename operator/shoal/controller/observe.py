@@ -14,6 +14,7 @@ from typing import Any
 from shoal.api.status import ConditionStatus
 from shoal.controller.identity import Manifest, owned_by
 from shoal.controller.names import (
+    ANNOTATION_ENGINE_KEY,
     ANNOTATION_GROUP,
     ANNOTATION_PAUSED,
     ANNOTATION_SPEC_HASH,
@@ -93,6 +94,7 @@ class PodFacts:
     gpus: int
     containers: tuple[ContainerFacts, ...] = ()
     warmed_reason: str | None = None  # why the gate was last set (a GateReason or health Reason)
+    engine_key: str | None = None  # the digest of the API key it started with
 
     @property
     def running(self) -> bool:
@@ -124,6 +126,7 @@ class SetFacts:
     missing_pods: bool = False
     # Why the API server refuses the set's pods (its newest FailedCreate Event).
     refused: str | None = None
+    engine_key: str | None = None  # its template's key digest (ANNOTATION_ENGINE_KEY)
 
     @property
     def observed(self) -> bool:
@@ -300,6 +303,7 @@ def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
         restarts=sum(c.get("restartCount", 0) for c in status.get("containerStatuses") or []),
         revision=labels.get(REVISION_LABEL),
         group=_annotations(pod).get(ANNOTATION_GROUP),
+        engine_key=_annotations(pod).get(ANNOTATION_ENGINE_KEY),
         unschedulable=unschedulable,
         gpus=gpus,
         containers=tuple(container_facts(c) for c in status.get("containerStatuses") or []),
@@ -323,6 +327,9 @@ def set_facts(statefulset: Manifest, *, owner_uid: str | None = None) -> SetFact
         observed_generation=int(status.get("observedGeneration", 0)),
         update_revision=status.get("updateRevision"),
         held=_annotations(statefulset).get(ANNOTATION_PAUSED) == "true",
+        engine_key=_annotations(statefulset.get("spec", {}).get("template", {})).get(
+            ANNOTATION_ENGINE_KEY
+        ),
         # Once the controller has seen this generation: a set just made has
         # no pods yet and says nothing of them.
         missing_pods=int(status.get("observedGeneration", 0)) >= int(meta.get("generation", 0))

@@ -51,6 +51,7 @@ from shoal.controller.desired import (
 )
 from shoal.controller.downloads import PROGRESS_SECONDS, prepare_model
 from shoal.controller.engine import nodes_per_replica, served_model_name
+from shoal.controller.enginekeys import KeyRing, with_engine_key
 from shoal.controller.events import children_made
 from shoal.controller.healthloop import Target
 from shoal.controller.identity import ClusterRef, Manifest, of_cluster
@@ -194,6 +195,11 @@ async def _reconcile(
             ),
             policy=policy,
         )
+        if spec.engine.api_key_secret is not None:
+            key = await engine_key(ctx.kube, namespace=ref.namespace, spec=spec)
+            keys = state.engine_keys
+            digest = keys.remember(key) if key is not None else None
+            fleet = with_engine_key(fleet, observed, digest=digest, assumed=keys.first)
         if not paused:
             changed = drifted(fleet.all(), listed)
             await _report_drift(ctx, body, ref, state, changed)
@@ -459,8 +465,14 @@ async def _probe(
     assessed = {}
     if spec is not None:
         assert nodes is not None
+        keys = state.engine_keys if spec.engine.api_key_secret is not None else KeyRing()
         targets = {
-            pod.uid: Target(pod.ip or "", served_model_name(spec), pod.name)
+            pod.uid: Target(
+                pod.ip or "",
+                served_model_name(spec),
+                pod.name,
+                keys=keys.keys_for(pod.engine_key) or (None,),
+            )
             for pod in health_targets(observed, wanted=wanted, nodes=nodes, sick=state.memory.sick)
             if pod.ip
         }
@@ -475,7 +487,6 @@ async def _probe(
             targets,
             lambda: ctx.wakeups.poke((ref.namespace, ref.name)),
             routers=routers,
-            key=await engine_key(ctx.kube, namespace=ref.namespace, spec=spec) if targets else None,
         )
     return Probes(
         healthy=healthy,
