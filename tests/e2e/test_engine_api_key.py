@@ -49,19 +49,28 @@ def _pods(bed: Testbed, ns: str, name: str, component: str) -> list[dict[str, An
     ]
 
 
+def _key_secret(name: str, key: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name},
+        "type": "Opaque",
+        "stringData": {"key": key},
+    }
+
+
+def _keyed(name: str, *, secret: str, replicas: int) -> dict[str, Any]:
+    """A cluster whose engines require the key in Secret `secret`."""
+    spec = cluster_manifest(name, replicas=replicas, tensor=4)
+    spec["spec"]["engine"]["apiKeySecret"] = {"name": secret, "key": "key"}
+    return spec
+
+
 def test_a_fleet_whose_engines_require_a_key_warms_up_and_serves_through_its_router(
     testbed: Testbed, ns: str
 ) -> None:
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "engine-key"},
-        "type": "Opaque",
-        "stringData": {"key": KEY},
-    }
-    apply(testbed, ns, secret)
-    spec = cluster_manifest("keyed-engines", replicas=1, tensor=4)
-    spec["spec"]["engine"]["apiKeySecret"] = {"name": "engine-key", "key": "key"}
+    apply(testbed, ns, _key_secret("engine-key", KEY))
+    spec = _keyed("keyed-engines", secret="engine-key", replicas=1)
     # Held, not admitted, when the warm-up cannot run: a warm-up refused
     # by the engine leaves the replica out instead of passing quietly.
     spec["spec"]["warmup"] = {"prompts": [PROMPT], "onTimeout": "Hold", "timeoutSeconds": 60}
@@ -107,25 +116,16 @@ def test_a_rotated_engine_key_rolls_the_engines_one_at_a_time_losing_no_request(
     testbed: Testbed, ns: str
 ) -> None:
     # vLLM reads its key once: a Secret changed in place reached the routers
-    # (a mounted file) but no engine, so every request was refused with the
-    # new key, and the operator's canary failed every replica at once.
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "rotated-key"},
-        "type": "Opaque",
-        "stringData": {"key": KEY},
-    }
-    apply(testbed, ns, secret)
-    spec = cluster_manifest("rotated", replicas=2, tensor=4)
-    spec["spec"]["engine"]["apiKeySecret"] = {"name": "rotated-key", "key": "key"}
-    apply(testbed, ns, spec)
+    # (a mounted file) but no engine, which kept the old key until restarted
+    # by hand (before: none restarted within 300 s).
+    apply(testbed, ns, _key_secret("rotated-key", KEY))
+    apply(testbed, ns, _keyed("rotated", secret="rotated-key", replicas=2))
     wait_ready(testbed, ns, "rotated", 2, timeout=180)
     assert _digests(testbed, ns, "rotated") == {key_digest(KEY)}
     url = router_url(testbed, ns, "rotated")
     with SteadyLoad(url, pause=0.05) as load:
         wait_for(lambda: len(load.spans) >= 10, what="steady load flowing", timeout=30)
-        apply(testbed, ns, {**secret, "stringData": {"key": NEW_KEY}})
+        apply(testbed, ns, _key_secret("rotated-key", NEW_KEY))
         wait_for(
             lambda: _digests(testbed, ns, "rotated") == {key_digest(NEW_KEY)},
             what="every engine restarted with the new key",

@@ -156,15 +156,7 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
             # removes them in this order (controller/retire.py).
             loads = replica_loads(status.get("replicaStatuses") or [], in_flight, cluster=ref.name)
             order = removal_order_text(removal_order(loads), count=decision.desired)
-            if order != annotations.get(ANNOTATION_REMOVAL_ORDER):
-                await ctx.kube.patch(
-                    API_VERSION,
-                    KIND,
-                    ref.namespace,
-                    ref.name,
-                    {"metadata": {"annotations": {ANNOTATION_REMOVAL_ORDER: order}}},
-                    field_manager=FIELD_MANAGER,
-                )
+            await _set_removal_order(ctx, ref, order, annotations=annotations)
         await ctx.kube.patch(
             API_VERSION,
             KIND,
@@ -199,14 +191,21 @@ async def _drop_removal_order(
     ctx: OperatorContext, ref: ClusterRef, *, annotations: Mapping[str, str]
 ) -> None:
     """Take the autoscaler's removal order away, if it is there."""
-    if ANNOTATION_REMOVAL_ORDER not in annotations:
+    await _set_removal_order(ctx, ref, None, annotations=annotations)
+
+
+async def _set_removal_order(
+    ctx: OperatorContext, ref: ClusterRef, order: str | None, *, annotations: Mapping[str, str]
+) -> None:
+    """Write the removal order (None: take it away) unless it is so already."""
+    if order == annotations.get(ANNOTATION_REMOVAL_ORDER):
         return
     await ctx.kube.patch(
         API_VERSION,
         KIND,
         ref.namespace,
         ref.name,
-        {"metadata": {"annotations": {ANNOTATION_REMOVAL_ORDER: None}}},
+        {"metadata": {"annotations": {ANNOTATION_REMOVAL_ORDER: order}}},
         field_manager=FIELD_MANAGER,
     )
 
