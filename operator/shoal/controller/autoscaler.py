@@ -101,7 +101,7 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
     status = body.get("status") or {}
     annotations = meta.get("annotations") or {}
     if not (body.get("spec") or {}).get("autoscaling"):
-        await _drop_removal_order(ctx, ref, annotations=annotations)
+        await _set_removal_order(ctx, ref, None, annotations=annotations)
         if status.get("autoscaling") is not None or state.written is not None:
             await _write(ctx, ref, state, None)
         return
@@ -133,7 +133,7 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
         demand = Demand(requests=None, arrived=False)
         routers = 0
         in_flight: dict[str, float] = {}
-        await _drop_removal_order(ctx, ref, annotations=annotations)
+        await _set_removal_order(ctx, ref, None, annotations=annotations)
     else:
         pods = await router_pods(ctx, ref)
         scrapes = await _read_routers(ctx, {uid: pod.ip for uid, pod in pods.items()})
@@ -157,15 +157,7 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
             loads = replica_loads(status.get("replicaStatuses") or [], in_flight, cluster=ref.name)
             order = removal_order_text(removal_order(loads), count=decision.desired)
             await _set_removal_order(ctx, ref, order, annotations=annotations)
-        await ctx.kube.patch(
-            API_VERSION,
-            KIND,
-            ref.namespace,
-            ref.name,
-            {"spec": {"replicas": decision.desired}},
-            subresource="scale",
-            field_manager=FIELD_MANAGER,
-        )
+        await _patch_cluster(ctx, ref, {"spec": {"replicas": decision.desired}}, "scale")
         state.set_to = (decision.desired, generation + 1)
         scaled_at = now_text()
         cluster_logger(ref.namespace, ref.name).info("%s: %s", decision.reason, decision.message)
@@ -187,25 +179,26 @@ async def autoscale(ctx: OperatorContext, body: Mapping[str, Any], state: Autosc
     await _write(ctx, ref, state, written)
 
 
-async def _drop_removal_order(
-    ctx: OperatorContext, ref: ClusterRef, *, annotations: Mapping[str, str]
-) -> None:
-    """Take the autoscaler's removal order away, if it is there."""
-    await _set_removal_order(ctx, ref, None, annotations=annotations)
-
-
 async def _set_removal_order(
     ctx: OperatorContext, ref: ClusterRef, order: str | None, *, annotations: Mapping[str, str]
 ) -> None:
     """Write the removal order (None: take it away) unless it is so already."""
     if order == annotations.get(ANNOTATION_REMOVAL_ORDER):
         return
+    await _patch_cluster(ctx, ref, {"metadata": {"annotations": {ANNOTATION_REMOVAL_ORDER: order}}})
+
+
+async def _patch_cluster(
+    ctx: OperatorContext, ref: ClusterRef, patch: dict[str, Any], subresource: str | None = None
+) -> None:
+    """A merge patch of the VLLMCluster (or its scale or status), as the autoscaler."""
     await ctx.kube.patch(
         API_VERSION,
         KIND,
         ref.namespace,
         ref.name,
-        {"metadata": {"annotations": {ANNOTATION_REMOVAL_ORDER: order}}},
+        patch,
+        subresource=subresource,
         field_manager=FIELD_MANAGER,
     )
 
@@ -226,14 +219,8 @@ async def _write(
             before == autoscaling or time.monotonic() - state.written_at < STATUS_REFRESH_SECONDS
         ):
             return
-    await ctx.kube.patch(
-        API_VERSION,
-        KIND,
-        ref.namespace,
-        ref.name,
-        {"status": {"autoscaling": status_patch(before, autoscaling)}},
-        subresource="status",
-        field_manager=FIELD_MANAGER,
+    await _patch_cluster(
+        ctx, ref, {"status": {"autoscaling": status_patch(before, autoscaling)}}, "status"
     )
     state.written, state.written_at = autoscaling, time.monotonic()
 
