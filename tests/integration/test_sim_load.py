@@ -18,10 +18,16 @@ def test_overload_shows_queueing_full_kv_and_preemptions(tmp_path: Path) -> None
     assert value(recorded, "vllm:num_requests_waiting") > 0
     assert value(recorded, "vllm:num_preemptions_total") > 0
 
-    with sim(tmp_path, "--sim-time-scale", "4") as (_, url):
+    with (
+        sim(tmp_path, "--sim-time-scale", "4") as (_, url),
+        httpx.Client(limits=httpx.Limits(max_connections=32), timeout=120) as client,
+    ):
         # The fixture's load: 24 requests of 900 prompt and 400 output tokens
-        # against 8 sequence slots and 64 KV blocks of 128.
+        # against 8 sequence slots and 64 KV blocks of 128. They share one
+        # client and leave together: a client each, built under a busy CPU,
+        # spread them out until the first ones finished before the last came.
         results: list[int] = []
+        start = threading.Barrier(24)
 
         def one(i: int) -> None:
             body = {
@@ -30,7 +36,8 @@ def test_overload_shows_queueing_full_kv_and_preemptions(tmp_path: Path) -> None
                 "max_tokens": 400,
                 "ignore_eos": True,
             }
-            response = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+            start.wait()
+            response = client.post(f"{url}/v1/completions", json=body)
             results.append(response.json()["usage"]["completion_tokens"])
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(24)]
