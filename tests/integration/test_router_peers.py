@@ -4,9 +4,12 @@ caches its history. Real routers and simulators on loopback."""
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +158,80 @@ def test_with_api_keys_placements_are_read_with_a_key(tmp_path: Path) -> None:
         right = {"Authorization": "Bearer sk-second-0002"}
         answer = httpx.get(placements, headers=right, timeout=5).json()
         assert len(answer["placements"]) == 3
+
+
+@contextmanager
+def _counting_proxy(target: str) -> Iterator[tuple[str, list[float]]]:
+    """A plain HTTP relay to target that notes when each GET came."""
+    came: list[float] = []
+
+    class Relay(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            came.append(time.monotonic())
+            try:
+                answer = httpx.get(target + self.path, headers=dict(self.headers), timeout=10)
+            except httpx.HTTPError:
+                self.send_error(502)
+                return
+            self.send_response(answer.status_code)
+            self.send_header("Content-Length", str(len(answer.content)))
+            self.end_headers()
+            self.wfile.write(answer.content)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((HOST, 0), Relay)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{HOST}:{server.server_address[1]}", came
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_draining_routers_peers_stop_reading_it(tmp_path: Path) -> None:
+    """A draining router gives no placements: its peers back off from it as
+    from a failing one instead of asking again at once, 100 times a second,
+    while its last requests finish."""
+    internal_a, internal_b = free_port(), free_port()
+    with (
+        sims(1, tmp_path, time_scale=1.0) as fleet,
+        _counting_proxy(f"http://{HOST}:{internal_a}") as (to_a, came),
+    ):
+        engines = list(fleet)
+        with (
+            start_router(
+                log=tmp_path / "a.log",
+                config={"replicaHeader": True, "internalPort": internal_a},
+                endpoints=engines,
+                args=["--peers", f"http://{HOST}:{internal_b}"],
+            ) as a,
+            start_router(
+                log=tmp_path / "b.log",
+                config={"replicaHeader": True, "internalPort": internal_b},
+                endpoints=engines,
+                args=["--peers", to_a],
+            ) as b,
+        ):
+            a.wait_http("/ready", timeout=20)
+            b.wait_http("/ready", timeout=20)
+            body = {"model": MODEL, "prompt": "long", "max_tokens": 400, "ignore_eos": True}
+            in_flight = threading.Thread(
+                target=httpx.post,
+                args=(a.url + "/v1/completions",),
+                kwargs={"json": body, "timeout": 60},
+            )
+            in_flight.start()  # keeps A draining for a few seconds
+            time.sleep(0.3)
+            a.popen.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            assert a.wait_exit(timeout=40) == 0
+            drained = time.monotonic() - signalled
+            in_flight.join(10)
+            polls = sum(1 for t in came if signalled <= t)
+            assert drained > 1, (
+                "the request in flight did not hold the drain: the test shows nothing"
+            )
+            assert polls <= 10, f"B read draining A {polls} times in {drained:.1f}s"

@@ -345,6 +345,10 @@ class Router:
         `wait` seconds (at most WAIT_SECONDS) for one when none is new."""
         if self.placements is None:
             return error_response(404, "Sharing placements is off (sharePlacements).")
+        if self.draining:
+            # Nothing more to give: a refusal makes readers back off as from a
+            # failing peer, where an empty answer had them ask again at once.
+            return error_response(503, "Router is draining.")
         if not self.proxy.authorized(request):
             # Hashes of prompt prefixes: as private as the API they came through.
             return error_response(401, "Missing or invalid API key.", param="Authorization")
