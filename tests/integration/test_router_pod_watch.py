@@ -90,3 +90,40 @@ def test_the_fleet_follows_the_pod_watch_and_a_fresh_list_after_it_expires(
             assert watches[0].query["allowWatchBookmarks"] == "true"
 
     asyncio.run(main())
+
+
+def test_a_watch_gone_silent_is_given_up_and_the_pods_listed_again(tmp_path: Path) -> None:
+    """A connection that died without a word (a partition, an API server
+    moved) sends nothing, not even the end of the watch the server would have
+    sent at its timeout: the router stops waiting soon after that timeout
+    instead of being blind to pod changes for minutes."""
+
+    async def main() -> None:
+        async with fake_apiserver(tmp_path) as server:
+            published: asyncio.Queue[dict[str, bool]] = asyncio.Queue()
+            server.answers[("GET", PODS)] = listing(pod("a", ready=True), version="5")
+            silent: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+            server.watches.put_nowait(silent)  # answers its head, then nothing
+            server.watches.put_nowait(asyncio.Queue())
+            watcher = PodWatcher(
+                namespace="team",
+                selector="app=eng",
+                engine_port=8000,
+                publish=lambda endpoints: published.put_nowait(
+                    {e.name: e.routable for e in endpoints}
+                ),
+                watch_timeout_seconds=2,
+                kubeconfig=str(server.kubeconfig),
+            )
+            task = asyncio.create_task(watcher.run())
+            assert await asyncio.wait_for(published.get(), 10) == {"a": True}
+            server.answers[("GET", PODS)] = listing(pod("b", ready=True), version="7")
+            try:
+                assert await asyncio.wait_for(published.get(), 10) == {"b": True}
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                silent.put_nowait(None)
+            assert watcher.relists == 2
+
+    asyncio.run(main())

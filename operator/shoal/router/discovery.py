@@ -6,7 +6,8 @@ kr8s (`shoal.apiserver`). A pod is routable only while running, not
 terminating, and ready as kubelet and shoal say (`pod_ready`); a terminated
 one (`pod_terminated`) is no endpoint at all, engine or peer router. Any watch
 error or expiry leads to a fresh list, and the fleet is replaced by what the
-list says, so no pod the API no longer has is kept. That list comes at once
+list says, so no pod the API no longer has is kept. Watches last a minute,
+and one silent past that is taken for a dead connection. That list comes at once
 after a watch that was up (`watch_was_up`); while lists or watches fail or end
 at once, ever later (`relist_delay`).
 """
@@ -39,6 +40,11 @@ LIST_TIMEOUT = httpx.Timeout(30.0)
 RELIST_SECONDS = (0.5, 30.0)
 # A watch up this long worked, though it delivered nothing: a quiet fleet.
 WATCH_UP_SECONDS = 10.0
+# The server ends each watch after this long (timeoutSeconds), and a list follows.
+WATCH_SECONDS = 60
+# A watch silent this much longer than that is a dead connection (a partition
+# sends nothing, not even the watch's end): it is given up and the pods listed.
+WATCH_SILENT_FACTOR = 1.25
 
 
 class PodPhase(StrEnum):
@@ -159,7 +165,7 @@ class PodWatcher:
         selector: str,
         engine_port: int,
         publish: Publish,
-        watch_timeout_seconds: int = 300,
+        watch_timeout_seconds: int = WATCH_SECONDS,
         kubeconfig: str | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -254,7 +260,9 @@ class PodWatcher:
             headers=HEADERS,
             stream=True,
             # The server ends the watch; this only catches one gone silent.
-            timeout=httpx.Timeout(LIST_TIMEOUT.connect, read=self.watch_timeout_seconds + 30.0),
+            timeout=httpx.Timeout(
+                LIST_TIMEOUT.connect, read=self.watch_timeout_seconds * WATCH_SILENT_FACTOR
+            ),
         ) as response:
             async for line in response.aiter_lines():
                 if not line:
