@@ -15,9 +15,11 @@ import kopf
 import pytest
 
 from shoal.controller import handlers
+from shoal.controller import reconcile as reconcile_module
 from shoal.controller.context import ClusterState, ControllerSettings, OperatorContext
 from shoal.controller.decide import Event, EventType
 from shoal.controller.identity import ClusterRef
+from shoal.controller.status import Refusal
 
 
 class _Stop:
@@ -77,3 +79,45 @@ def test_a_pass_that_raises_anything_is_reported_once_and_retried_with_the_clust
     assert len(tracebacks) == 2  # the log has the traceback of each
     errors = ctx.metrics.passes.labels("ns", "c", "error")._value.get()
     assert errors == 2
+
+
+def test_the_same_refused_write_is_reported_once_though_every_pass_meets_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A refused child write (an invalid passed-through field) ends its pass
+    normally, and every pass meets it again: one Warning, not one a pass."""
+    events: list[Event] = []
+
+    async def recorded(_: Any, event: Event) -> None:
+        events.append(event)
+
+    ctx = OperatorContext(
+        settings=ControllerSettings(router_image="shoal:test"),
+        post_event=lambda _, event: events.append(event),
+        record_event=recorded,
+    )
+    monkeypatch.setattr(ctx, "forget", lambda ref, *, deleted: None)
+    body = kopf.Body({"metadata": {"name": "c", "namespace": "ns", "uid": "u1"}, "spec": {}})
+    stop = _Stop()
+    refusal = Refusal("StatefulSet c-r0", 422, 'limits[memory]: Invalid value: "80GB"')
+    passes = 0
+
+    async def reconcile(ctx_: Any, body_: Any, state: ClusterState, _: Any) -> float | None:
+        nonlocal passes
+        passes += 1
+        await reconcile_module._report_refusals(ctx_, body_, state, (refusal,))
+        stop.set = passes == 5
+        return 0.0
+
+    monkeypatch.setattr(handlers, "reconcile", reconcile)
+    monkeypatch.setattr(handlers, "DEBOUNCE_SECONDS", 0.0)
+
+    async def run() -> None:
+        await asyncio.wait_for(handlers.cluster_daemon(body, {"shoal": ctx}, stop), 10)  # type: ignore[arg-type]
+        await ctx.engine.aclose()
+
+    asyncio.run(run())
+    assert passes == 5
+    refused = [e for e in events if e.type == EventType.WARNING]
+    assert len(refused) == 1, events
+    assert "80GB" in refused[0].message

@@ -95,7 +95,10 @@ class ClusterState:
     ours: set[str] = field(default_factory=set)
     drift_reported: dict[str, list[str]] = field(default_factory=dict)  # kind/name -> fields
     last_error: str | None = None  # the spec's errors, last reported
-    last_failure: str | None = None  # the last failed pass or refused writes, last reported
+    last_failure: str | None = None  # the last failed pass, last reported
+    # The child writes last refused, as reported: kept through passes that end
+    # normally (a refusal does), so the same refusal is said once.
+    last_refusal: str | None = None
     refused_backoff: float = 5.0  # seconds until a pass with refused writes looks again
     nodes_unreadable: bool = False  # node-loss handling off (said once)
     # The GPU nodes' labels last listed (reconcile.gpu_nodes): kept through a

@@ -795,11 +795,11 @@ async def _report_refusals(
     """A Warning Event when child writes are refused (once per distinct refusal)."""
     event = refusal_event(refused)
     message = event.message if event is not None else None
-    if event is not None and message != state.last_failure:
+    if event is not None and message != state.last_refusal:
         meta = body["metadata"]
         cluster_logger(meta["namespace"], meta["name"]).warning("%s: %s", event.reason, message)
         await ctx.record_event(body, event)
-    state.last_failure = message
+    state.last_refusal = message
 
 
 async def _report_spec(
