@@ -1,6 +1,10 @@
-{{/* Full name of the release's objects, at most 63 characters. */}}
+{{/* Full name of the release's objects, at most 63 characters, starting with
+a letter: helm takes a release name that starts with a digit, a Service's name
+must not, so the chart's name comes first then. */}}
 {{- define "shoal.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if regexMatch "^[0-9]" .Release.Name -}}
+{{- printf "%s-%s" .Chart.Name .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else if contains .Chart.Name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
 {{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
