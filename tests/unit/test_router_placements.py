@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -338,3 +339,44 @@ def test_reads_of_a_peer_that_always_has_news_are_paced() -> None:
         return reads
 
     assert 2 <= asyncio.run(scenario()) <= 7
+
+
+def test_a_peer_that_stops_answering_is_said_once_and_so_is_its_return(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An operator sees in the router's log that a peer is unread (hits lost),
+    once, not at each retry, and that it is read again; a peer shutting down
+    (503) is a rollout's way, said without a warning."""
+    answers = [500, 500, 500, 500, 200, 503, 503, 200]
+
+    async def handler(_: web.Request) -> web.Response:
+        status = answers.pop(0) if answers else 200
+        if status != 200:
+            return web.Response(status=status)
+        return web.json_response({"epoch": "e", "next": 1, "placements": []})
+
+    async def scenario() -> None:
+        runner, url = await _peer(handler)
+        sync = PeerSync(
+            record=lambda r, h: None, max_hashes=48, retry_seconds=(0.01, 0.05), wait_seconds=0
+        )
+        sync.set_peers([url])
+        for _ in range(400):
+            if not answers:
+                break
+            await asyncio.sleep(0.01)
+        await sync.close()
+        await runner.cleanup()
+
+    with caplog.at_level(logging.DEBUG, logger="shoal.router.placements"):
+        asyncio.run(scenario())
+    said = [(r.levelname, r.getMessage().split(" ", 4)[-1]) for r in caplog.records]
+    assert not answers
+    assert [m for level, m in said if level == "WARNING"] == [
+        "unread (status 500); again in 0.0s"
+    ], said
+    assert [m for level, m in said if level == "INFO"] == [
+        "read again",
+        "unread (draining); again in 0.0s",
+        "read again",
+    ], said

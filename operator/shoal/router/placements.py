@@ -156,6 +156,10 @@ class BadAnswer(ValueError):
     """A peer's answer that is not a placements answer."""
 
 
+class PeerDraining(BadAnswer):
+    """A peer that is shutting down (503): read again later, as a failing one."""
+
+
 @dataclass(frozen=True)
 class Answer:
     epoch: str
@@ -276,11 +280,18 @@ class PeerSync:
             try:
                 answer = await self._read(url, epoch, after, touched=touched)
             except (aiohttp.ClientError, TimeoutError, ValueError) as error:
-                log.debug("placements of peer %s unread (%s); again in %.1fs", url, error, retry)
+                # Said once a spell (its hits are lost meanwhile), not at each
+                # retry; a peer shutting down is a rollout's way, no warning.
+                said = log.debug if retry != first else log.warning
+                if retry == first and isinstance(error, PeerDraining):
+                    said = log.info
+                said("placements of peer %s unread (%s); again in %.1fs", url, error, retry)
                 self.pending(url, {})  # an unreachable peer's queue is not counted
                 await asyncio.sleep(retry)
                 retry = min(retry * 2, longest)
                 continue
+            if retry != first:
+                log.info("placements of peer %s read again", url)
             retry = first
             for replica, hashes in answer.placements:
                 self.record(replica, hashes)
@@ -303,6 +314,8 @@ class PeerSync:
         async with self._client().get(
             url + PLACEMENTS_PATH, params=params, headers=headers
         ) as response:
+            if response.status == 503:
+                raise PeerDraining("draining")
             if response.status != 200:
                 raise BadAnswer(f"status {response.status}")
             # Bounded: a peer is another pod, and its answer is read whole.
