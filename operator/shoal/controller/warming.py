@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 # Warm-ups running at once, over every cluster of the operator.
 WARMUP_CONCURRENCY = 8
 HOT_PREFIXES_TIMEOUT_SECONDS = 3.0
+# A failed read of the prompts or key: the first and the longest wait before the next.
+READ_RETRY_SECONDS = (2.0, 30.0)
 
 
 def warmup_policy(spec: VLLMClusterSpec) -> WarmupPolicy | None:
@@ -153,13 +155,31 @@ class Warmups:
         self, kube: KubeApi, ref: ClusterRef, spec: VLLMClusterSpec, pod: PodFacts
     ) -> WarmupOutcome:
         warmup = spec.warmup
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + warmup.timeout_seconds
         async with self._limit:
-            try:
-                prompts = await _prompts(kube, ref, spec, engine=self._engine)
-                key = await engine_key(kube, namespace=ref.namespace, spec=spec)
-            except Exception as error:
-                message = f"could not read warm-up prompts or the engines' API key: {error}"
-                return WarmupOutcome(running=False, verdict=Verdict.UNREACHABLE, message=message)
+            first, longest = READ_RETRY_SECONDS
+            delay = first
+            while True:
+                try:
+                    prompts = await _prompts(kube, ref, spec, engine=self._engine)
+                    key = await engine_key(kube, namespace=ref.namespace, spec=spec)
+                    break
+                except Exception as error:
+                    # An API server restarting, a ConfigMap being fixed: tried
+                    # again until the warm-up's deadline, where one failure
+                    # admitted the replica cold (or held it for good).
+                    message = f"could not read warm-up prompts or the engines' API key: {error}"
+                    if loop.time() + delay >= deadline:
+                        return WarmupOutcome(
+                            running=False, verdict=Verdict.UNREACHABLE, message=message
+                        )
+                    log.warning(
+                        "warm-up of %s/%s: %s; again in %.0fs",
+                        ref.namespace, pod.name, message, delay,
+                    )  # fmt: skip
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, longest)
             if not prompts:
                 return WarmupOutcome(
                     running=False,
@@ -172,7 +192,7 @@ class Warmups:
                 engine=self._engine.with_key(key),
                 model=served_model_name(spec),
                 min_hit_ratio=warmup.min_hit_ratio,
-                timeout_seconds=float(warmup.timeout_seconds),
+                timeout_seconds=max(deadline - loop.time(), 1.0),
                 concurrency=warmup.concurrency,
             )
         log.info("warm-up of %s/%s: %s", ref.namespace, pod.name, result.message)
