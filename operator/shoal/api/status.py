@@ -87,6 +87,7 @@ class ConditionReason(StrEnum):
     PODS_REFUSED = "PodsRefused"
     UNSCHEDULABLE = "Unschedulable"
     POD_FAILED = "PodFailed"
+    POD_STUCK = "PodStuck"  # scheduled long ago, no container created yet
     DOWNLOAD_FAILED = "DownloadFailed"
     RESTART_BUDGET_EXHAUSTED = "RestartBudgetExhausted"
     MANY_REPLICAS_UNREACHABLE = "ManyReplicasUnreachable"
@@ -97,6 +98,10 @@ class ConditionReason(StrEnum):
     CHILD_REFUSED = "ChildRefused"
     NAME_TAKEN = "NameTaken"
 
+
+# The longest message of a replica's entry: kubelet's or the scheduler's words
+# quoted in one are cut to leave room for what to do.
+REPLICA_MESSAGE_CHARS = 2048
 
 # metav1.Condition's reason: CamelCase, as apimachinery validates it.
 _REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
@@ -189,8 +194,9 @@ class ReplicaStatus(ApiModel):
     )
     message: str | None = Field(
         default=None,
-        max_length=2048,
-        description="Why it is CrashLooping, ImagePullFailing or Misconfigured, and what to do.",
+        max_length=REPLICA_MESSAGE_CHARS,
+        description="Why it does not run (CrashLooping, ImagePullFailing, Misconfigured, "
+        "Unhealthy), naming the pod, and what to do.",
     )
     warmup_hit_ratio: float | None = Field(
         default=None, ge=0, description="Prefix-cache hit ratio its warm-up check measured."

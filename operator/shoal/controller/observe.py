@@ -1,7 +1,7 @@
 """The actual state of one cluster, read from its listed StatefulSets, pods and
 router Deployment into plain facts (a pod's containers as kubelet reports
-them included: why one waits, how it last exited, how often it restarted).
-Pure."""
+them included: why one waits, how it last exited, how often it restarted;
+its init containers apart, as webhooks add them). Pure."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from shoal.api.status import ConditionStatus
 from shoal.controller.identity import Manifest, owned_by
@@ -26,6 +26,7 @@ from shoal.controller.names import (
 )
 
 REVISION_LABEL = "controller-revision-hash"
+_Reason = TypeVar("_Reason", bound=StrEnum)
 
 
 class Waiting(StrEnum):
@@ -39,6 +40,14 @@ class Waiting(StrEnum):
     CONFIG_ERROR = "CreateContainerConfigError"
     CREATE_ERROR = "CreateContainerError"
     RUN_ERROR = "RunContainerError"
+
+
+class Creating(StrEnum):
+    """Why kubelet holds a container back while it has not created it yet: a
+    normal start, trouble only when it lasts (a volume it cannot mount)."""
+
+    CONTAINER = "ContainerCreating"
+    POD_INITIALIZING = "PodInitializing"  # behind the pod's init containers
 
 
 class ExitReason(StrEnum):
@@ -62,13 +71,19 @@ class ContainerFacts:
     exit_reason: ExitReason | None = None
     exit_message: str | None = None  # the termination message (a log tail, if asked for)
     started: bool = False  # kubelet's `started`: running, and past its startup probe
+    init: bool = False  # an init container: it runs to completion before the engine
+    creating: bool = False  # not created yet, never run (Creating)
 
     @property
     def crashed(self) -> bool:
         """Its last run ended in failure, and it is not running again past its
         startup probe: it waits, or its next try (which a failing engine spends
-        loading, minutes on a real kubelet) has not come up yet."""
-        failed = self.exit_reason is not None and self.exit_reason is not ExitReason.COMPLETED
+        loading, minutes on a real kubelet) has not come up yet. An engine's
+        every end is a failure: its pod restarts it whatever the code (vLLM
+        exits 0 on the SIGTERM of a probe that gave up on it); an init
+        container's exit 0 is its success."""
+        done = self.init and self.exit_reason is ExitReason.COMPLETED
+        failed = self.exit_reason is not None and not done
         return (failed and not (self.running and self.started)) or (
             self.waiting is Waiting.CRASH_LOOP
         )
@@ -95,6 +110,12 @@ class PodFacts:
     containers: tuple[ContainerFacts, ...] = ()
     warmed_reason: str | None = None  # why the gate was last set (a GateReason or health Reason)
     engine_key: str | None = None  # the digest of the API key it started with
+    init_containers: tuple[ContainerFacts, ...] = ()  # a webhook's (Vault agent, istio-init)
+    gpus_asked: int = 0  # what `gpus` will be once it is bound to a node
+    scheduled_at: str | None = None  # when PodScheduled turned True (RFC 3339)
+    # kubelet's or the eviction manager's why and words for the pod (Evicted, ...).
+    reason: str | None = None
+    message: str | None = None
 
     @property
     def running(self) -> bool:
@@ -109,6 +130,13 @@ class PodFacts:
         """A container of it is not up past its startup probe: kubelet starts
         or restarts it in place (the same pod)."""
         return any(not (c.running and c.started) for c in self.containers)
+
+    @property
+    def never_started(self) -> bool:
+        """Pending with no container created yet, init containers included
+        (none listed counts: kubelet has not reported any)."""
+        every = self.init_containers + self.containers
+        return self.phase == "Pending" and all(c.creating for c in every)
 
 
 @dataclass(frozen=True)
@@ -225,7 +253,7 @@ def _status(condition: dict[str, Any] | None) -> ConditionStatus | None:
         return ConditionStatus.UNKNOWN
 
 
-def _enum_or_none(kind: type[Waiting], value: Any) -> Waiting | None:
+def _enum_or_none(kind: type[_Reason], value: Any) -> _Reason | None:
     try:
         return kind(str(value))
     except ValueError:
@@ -238,8 +266,8 @@ def warm_key(pod: PodFacts) -> str:
     return f"{pod.uid}#{pod.restarts}"
 
 
-def container_facts(status: Manifest) -> ContainerFacts:
-    """One entry of a pod's containerStatuses."""
+def container_facts(status: Manifest, *, init: bool = False) -> ContainerFacts:
+    """One entry of a pod's containerStatuses (initContainerStatuses: init)."""
     state, last = status.get("state") or {}, status.get("lastState") or {}
     waiting = state.get("waiting") or {}
     # The final termination if it is not coming back, else the last one.
@@ -251,6 +279,7 @@ def container_facts(status: Manifest) -> ContainerFacts:
         except ValueError:
             exit_reason = ExitReason.OTHER
     code = ended.get("exitCode")
+    creating = not ended and _enum_or_none(Creating, waiting.get("reason")) is not None
     return ContainerFacts(
         name=str(status.get("name", "")),
         image=str(status.get("image", "")),
@@ -262,6 +291,8 @@ def container_facts(status: Manifest) -> ContainerFacts:
         exit_reason=exit_reason,
         exit_message=ended.get("message") or None,
         started=bool(status.get("started")),
+        init=init,
+        creating=creating,
     )
 
 
@@ -275,18 +306,19 @@ def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
     warmed = _condition(pod, CONDITION_WARMED)
     scheduled = _condition(pod, "PodScheduled")
     node = spec.get("nodeName") or None
-    unschedulable = None
+    unschedulable, scheduled_at = None, None
+    if _status(scheduled) is ConditionStatus.TRUE:
+        scheduled_at = str((scheduled or {}).get("lastTransitionTime") or "") or None
     # A bound pod is scheduled, whatever its condition says: kube-scheduler
     # patches PodScheduled=False by name after a bind that failed because the
     # pod was deleted, so a StatefulSet's same-named successor, already bound,
     # can carry that stale write until its kubelet next reports.
     if scheduled and _status(scheduled) is ConditionStatus.FALSE and node is None:
         unschedulable = str(scheduled.get("message") or scheduled.get("reason") or "")
-    gpus = 0
-    if node is not None:
-        for container in spec.get("containers", []):
-            limit = ((container.get("resources") or {}).get("limits") or {}).get(gpu_resource)
-            gpus += int(str(limit)) if str(limit or "").isdigit() else 0
+    asked = 0
+    for container in spec.get("containers", []):
+        limit = ((container.get("resources") or {}).get("limits") or {}).get(gpu_resource)
+        asked += int(str(limit)) if str(limit or "").isdigit() else 0
     return PodFacts(
         name=meta["name"],
         uid=meta["uid"],
@@ -305,8 +337,15 @@ def pod_facts(pod: Manifest, *, gpu_resource: str) -> PodFacts | None:
         group=_annotations(pod).get(ANNOTATION_GROUP),
         engine_key=_annotations(pod).get(ANNOTATION_ENGINE_KEY),
         unschedulable=unschedulable,
-        gpus=gpus,
+        gpus=asked if node is not None else 0,
+        gpus_asked=asked,
+        scheduled_at=scheduled_at,
+        reason=status.get("reason") or None,
+        message=status.get("message") or None,
         containers=tuple(container_facts(c) for c in status.get("containerStatuses") or []),
+        init_containers=tuple(
+            container_facts(c, init=True) for c in status.get("initContainerStatuses") or []
+        ),
     )
 
 

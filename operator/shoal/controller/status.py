@@ -1,18 +1,26 @@
 """A cluster's status from what was observed and decided. Pure.
 
 Only facts that change on transitions go here (live load belongs in metrics),
-so the reconciler writes status only when this result differs from the last."""
+so the reconciler writes status only when this result differs from the last.
+
+Why a replica does not run, from its pods: the scheduler cannot place one, one
+failed, a container of one fails (its init containers first: the engine waits
+for them), or one has created no container long after it was scheduled. Each
+names the replica, the pod and what to do, in Degraded and in the replica's
+entry."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from shoal.api.cache import DownloadState, ModelStatus
 from shoal.api.capacity import plan_spec
 from shoal.api.spec import VLLMClusterSpec
 from shoal.api.status import (
+    REPLICA_MESSAGE_CHARS,
     CapacityStatus,
     Condition,
     ConditionReason,
@@ -28,15 +36,68 @@ from shoal.controller.cache import Download, download_status
 from shoal.controller.decide import Decision, Event, EventType, Memory, Probes, group_complete
 from shoal.controller.engine import nodes_per_replica
 from shoal.controller.failures import (
+    Failure,
+    container_failure,
+    last_line,
     last_termination,
     pod_failure,
     refused_pods,
-    replica_failure,
 )
 from shoal.controller.names import ANNOTATION_PAUSED, leader_selector_text, router_name
-from shoal.controller.observe import Observed, ReplicaFacts, warm_key
+from shoal.controller.observe import (
+    ContainerFacts,
+    ExitReason,
+    Observed,
+    PodFacts,
+    ReplicaFacts,
+    warm_key,
+)
 from shoal.controller.restarts import recent_restarts, wall_seconds
 from shoal.engine.metrics import KVPool
+
+# Scheduled this long with no container created yet, a pod is stuck (its
+# Events say why). A pull of vLLM's image, ~10 GB, shows as ContainerCreating
+# too, minutes on a cold node: the bound is above that.
+POD_STUCK_SECONDS = 600
+# Kubelet's or the scheduler's words quoted in a message: room left for the fix.
+_WORDS_CHARS = 600
+
+# (the scheduler's words, what to change), every one that matches; the GPUs
+# (Insufficient <gpu.resource>) are _unschedulable's.
+_PLACEMENT_HINTS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"didn't match (Pod's )?node (affinity|selector)"),
+        "no node has the labels asked for: check spec.gpu.product (the node label "
+        "nvidia.com/gpu.product), spec.placement.nodeSelector and spec.placement.affinity",
+    ),
+    (
+        re.compile(r"untolerated taint|didn't tolerate"),
+        "the nodes carry a taint the pods do not tolerate: add it to spec.placement.tolerations",
+    ),
+    (
+        re.compile(r"didn't (match|satisfy) (existing )?pods? (anti-)?affinity"),
+        "check spec.placement.affinity and spec.placement.topologyKey",
+    ),
+    (
+        re.compile(r"Insufficient (cpu|memory|ephemeral-storage)"),
+        "lower spec.engine.resources.requests, or add nodes with that much free",
+    ),
+)
+
+# (pattern in a failed pod's "reason: words", what to do), first match wins;
+# {node} is its node's name.
+_FAILED_HINTS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"^Evicted:"),
+        "set spec.engine.resources.requests of what the node ran low on to what the "
+        "engine uses, so that it is placed where that much is free and evicted last",
+    ),
+    (
+        re.compile(r"Allocate failed|^UnexpectedAdmissionError:"),
+        "kubelet on node {node} could not hand out the devices it advertised: check its "
+        "device plugin (kubectl describe node {node})",
+    ),
+)
 
 # A condition as found: (its status, its reason, the message).
 Found = tuple[bool, ConditionReason, str]
@@ -165,12 +226,9 @@ def _state(inputs: StatusInputs, replica: ReplicaFacts, *, wanted: int, nodes: i
         return ReplicaState.DRAINING
     if replica.held:
         return ReplicaState.HELD
-    members = replica.members
-    if any(p.failed or p.unschedulable for p in members):
-        return ReplicaState.UNHEALTHY
-    failure = replica_failure(replica)
+    failure = _replica_failure(inputs, replica)
     if failure is not None:
-        return failure.state  # CrashLooping, ImagePullFailing, Misconfigured
+        return failure.state  # CrashLooping, ImagePullFailing, Misconfigured, Unhealthy
     download = inputs.download
     if download is not None and not download.complete and not replica.pods:
         return ReplicaState.DOWNLOADING
@@ -222,7 +280,7 @@ def _replica_status(
         ),
     )
     ratio, warmup = previous.get("warmupHitRatio"), previous.get("warmup")
-    failure = replica_failure(replica)
+    failure = _replica_failure(inputs, replica)
     leader = replica.leader_pod
     outcome = inputs.probes.warmups.get(warm_key(leader)) if leader is not None else None
     if outcome is not None and not outcome.running:
@@ -240,7 +298,7 @@ def _replica_status(
         recent_restart_times=recent,
         container_restarts=sum(c.restarts for p in members for c in p.containers),
         last_termination=last_termination(replica),
-        message=failure.message if failure is not None else None,
+        message=failure.message[:REPLICA_MESSAGE_CHARS] if failure is not None else None,
         warmup_hit_ratio=ratio,
         warmup=warmup,
     )
@@ -433,18 +491,116 @@ def _degraded(inputs: StatusInputs) -> Found:
                 )
                 return True, ConditionReason.PODS_REFUSED, message
     for replica in sorted(inputs.observed.replicas.values(), key=lambda r: r.index):
-        for pod in replica.members:
-            if pod.unschedulable is not None:
-                return (
-                    True,
-                    ConditionReason.UNSCHEDULABLE,
-                    f"pod {pod.name} cannot be scheduled: {pod.unschedulable}",
-                )
-            if pod.failed:
-                return True, ConditionReason.POD_FAILED, f"pod {pod.name} failed"
-            if (failure := pod_failure(pod)) is not None:
-                return True, failure.reason, f"replica {replica.index}: {failure.message}"
+        if (failure := _replica_failure(inputs, replica)) is not None:
+            said = failure.message[:REPLICA_MESSAGE_CHARS]
+            return True, failure.reason, f"replica {replica.index}: {said}"
     return False, ConditionReason.AS_EXPECTED, "no replica is failing"
+
+
+def _replica_failure(inputs: StatusInputs, replica: ReplicaFacts) -> Failure | None:
+    """Why the replica does not run: the first of its pods' failures, leader first."""
+    for pod in replica.members:
+        if (found := _pod_failure(inputs, pod)) is not None:
+            return found
+    return None
+
+
+def _pod_failure(inputs: StatusInputs, pod: PodFacts) -> Failure | None:
+    if pod.unschedulable is not None:
+        gpu_resource = inputs.spec.gpu.resource if inputs.spec is not None else None
+        return Failure(
+            ReplicaState.UNHEALTHY,
+            ConditionReason.UNSCHEDULABLE,
+            _unschedulable(pod, pod.unschedulable, gpu_resource=gpu_resource),
+        )
+    if pod.failed:
+        return Failure(ReplicaState.UNHEALTHY, ConditionReason.POD_FAILED, _failed(pod))
+    for container in pod.init_containers:
+        # The engine's failures, in the init container's words.
+        if (found := container_failure(pod, container)) is not None:
+            return replace(found, message=_init_failure(pod, container, reason=found.reason))
+    if (found := pod_failure(pod)) is not None:
+        return found
+    if _stuck(pod, now=wall_seconds(inputs.now)):
+        return Failure(
+            ReplicaState.UNHEALTHY,
+            ConditionReason.POD_STUCK,
+            f"pod {pod.name} was scheduled at {pod.scheduled_at} and has created no "
+            f"container in {POD_STUCK_SECONDS // 60} minutes: see kubectl describe pod "
+            f"{pod.name} (its Events: a volume it cannot mount, or "
+            "spec.engine.pod.runtimeClassName without a handler on the node)",
+        )
+    return None
+
+
+def _unschedulable(pod: PodFacts, words: str, *, gpu_resource: str | None) -> str:
+    fixes = [fix for pattern, fix in _PLACEMENT_HINTS if pattern.search(words)]
+    if gpu_resource is not None and f"Insufficient {gpu_resource}" in words:
+        gpus = f"{pod.gpus_asked} {gpu_resource}" if pod.gpus_asked else gpu_resource
+        fixes.insert(
+            0,
+            f"it needs {gpus} on one node: free or add GPUs, or lower spec.parallelism.tensor "
+            "x spec.parallelism.pipeline (a pod asks for at most spec.gpu.perNode of them)",
+        )
+    fix = "; ".join(fixes) or f"see kubectl describe pod {pod.name}"
+    return f"pod {pod.name} cannot be scheduled: {_quoted(words)}: {fix}"
+
+
+def _failed(pod: PodFacts) -> str:
+    said = f"{pod.reason or 'Failed'}: {pod.message or ''}"
+    fix = next(
+        (text for pattern, text in _FAILED_HINTS if pattern.search(said)),
+        f"see kubectl describe pod {pod.name}",
+    )
+    why = f" ({_quoted(pod.reason)})" if pod.reason else ""
+    words = f": {_quoted(pod.message)}" if pod.message else ""
+    return f"pod {pod.name} failed{why}{words}: {fix.format(node=pod.node or '?')}"
+
+
+def _init_failure(pod: PodFacts, container: ContainerFacts, *, reason: ConditionReason) -> str:
+    """An init container's failure, classed as the engine's are
+    (failures.container_failure), with its own name, logs and fix."""
+    # shoal adds none: a mutating webhook did, whose settings are the fix.
+    who = f"init container {container.name} of pod {pod.name} (an admission webhook's)"
+    said = (container.waiting_message or "")[:_WORDS_CHARS]
+    if reason is ConditionReason.IMAGE_PULL_FAILING:
+        return (
+            f"{who} cannot pull image {container.image} ({container.waiting}): check the "
+            "webhook's image, and the registry's credentials (spec.engine.pod.imagePullSecrets)"
+        )
+    if reason is ConditionReason.CONTAINER_CONFIG_ERROR:
+        said = said or "a Secret or ConfigMap it needs is missing"
+        return f"{who} cannot start: {said}: create it, or fix the webhook's reference to it"
+    if reason is ConditionReason.CONTAINER_CANNOT_RUN:
+        why = last_line(container.exit_message) or said or "no words"
+        return f"{who} cannot be started: {why}: see kubectl describe pod {pod.name}"
+    restarts = f"{container.restarts} restart{'s' if container.restarts != 1 else ''}"
+    if container.exit_reason is ExitReason.OOM_KILLED:
+        exited = "was OOMKilled"
+    elif container.exit_code is not None:
+        exited = f"exits with code {container.exit_code}"
+    else:
+        exited = "keeps exiting"
+    words = last_line(container.exit_message)
+    saying = f': saying "{words}"' if words else ""
+    logs = f"kubectl logs {pod.name} -c {container.name} --previous"
+    return f"{who} {exited} ({restarts}){saying}: see {logs}"
+
+
+def _quoted(words: str) -> str:
+    """Kubelet's or the scheduler's words, cut to leave room for the fix."""
+    return words[:_WORDS_CHARS].rstrip(" .") or "(no words)"
+
+
+def _stuck(pod: PodFacts, *, now: float | None) -> bool:
+    """Scheduled more than POD_STUCK_SECONDS ago, and no container created."""
+    since = wall_seconds(pod.scheduled_at or "")
+    return (
+        pod.never_started
+        and since is not None
+        and now is not None
+        and now - since > POD_STUCK_SECONDS
+    )
 
 
 def _spec_valid(inputs: StatusInputs) -> Found:
