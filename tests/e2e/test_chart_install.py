@@ -42,6 +42,7 @@ RARELY_USED = {
     ("apps", "statefulsets", "", "delete"): "scale-down removes a replica's StatefulSets",
     ("", "secrets", "", "get"): "only with spec.engine.apiKeySecret (test_engine_api_key.py)",
     ("", "events", "", "list"): "only while a StatefulSet's pods are refused (Pod Security, quota)",
+    ("", "pods", "log", "get"): "only once an engine crashed (test_failures_in_status.py)",
     ("serving.shoal.dev", "vllmclusters", "scale", "patch"): "only with spec.autoscaling",
     ("autoscaling", "horizontalpodautoscalers", "", "list"): "only with spec.autoscaling",
     ("keda.sh", "scaledobjects", "", "list"): "only with spec.autoscaling",

@@ -1,15 +1,35 @@
 """Failures in status, as `kubectl get/describe vlc` shows them: a replica
 whose engine crash-loops, whose image cannot be pulled or whose Secret is
 missing gets a state, its restarts and last exit, and Degraded=True with a
-message that says what to do; a Warning Event when Degraded turns True."""
+message that says what to do; a Warning Event when Degraded turns True.
+vLLM's cause is read from the crashed run's log (once per run), past the
+wrappers its API server prints last; a container the runtime cannot start
+keeps one reason while kubelet alternates its waiting reasons; kubelet's
+words, however long, leave the status valid."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import asyncio
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shoal.api.status import ConditionStatus, ReplicaState, VLLMClusterStatus
+import pytest
+
+from shoal.api.status import (
+    REPLICA_MESSAGE_CHARS,
+    ConditionStatus,
+    ReplicaState,
+    VLLMClusterStatus,
+)
+from shoal.controller.crashlogs import crash_words
 from shoal.controller.decide import EventType
+from shoal.controller.failures import (
+    CrashedRun,
+    container_failure,
+    crashed_runs,
+    with_last_words,
+)
+from shoal.controller.kube import ApiError
 from shoal.controller.observe import (
     Observed,
     ReplicaFacts,
@@ -21,6 +41,8 @@ from shoal.controller.observe import (
     set_facts,
 )
 from shoal.controller.status import build_status, degraded_event
+from shoal_testbed.kubelet import log_message
+from tests.unit.controller_samples import REF
 from tests.unit.test_controller_decide import pod_for, set_for
 from tests.unit.test_controller_status import conditions, inputs
 
@@ -104,6 +126,7 @@ def test_an_oom_killed_engine_says_to_raise_its_memory_limit() -> None:
     assert (
         status["replicaStatuses"][0]["lastTermination"] == "pod c-r0-0: OOMKilled (exit code 137)"
     )
+    assert degraded["message"].endswith("see kubectl logs c-r0-0 --previous")
 
 
 def test_an_image_that_cannot_be_pulled_names_the_image_and_the_fields_to_check() -> None:
@@ -316,3 +339,258 @@ def test_refused_router_pods_are_degraded_from_the_deployments_replica_failure()
         "Deployment c-router cannot create its pods: exceeded quota: q; a ResourceQuota of "
         "the namespace is used up: raise it, or lower the pods' requests"
     )
+
+
+# vLLM V1 failing at start, as its log reads: the engine-core process logs
+# the cause, then the API server prints a traceback of about 50 lines (4.5 KB)
+# that ends in a wrapper pointing back at it, which is all kubelet's tail
+# (FallbackToLogsOnError: 80 lines, 2 KB) keeps.
+STARTUP = """\
+(APIServer pid=1) INFO 03-09 12:55:02 [api_server.py:1885] vLLM API server version 0.11.0
+(APIServer pid=1) INFO 03-09 12:55:02 [utils.py:233] non-default args: {'model_tag': 'meta-llama/Llama-3.1-8B-Instruct', 'host': '0.0.0.0', 'model': 'meta-llama/Llama-3.1-8B-Instruct', 'max_model_len': 131072, 'tensor_parallel_size': 2}
+(APIServer pid=1) INFO 03-09 12:55:09 [model.py:547] Resolved architecture: LlamaForCausalLM
+(APIServer pid=1) INFO 03-09 12:55:09 [model.py:1510] Using max model len 131072
+(EngineCore_DP0 pid=94) INFO 03-09 12:55:15 [core.py:644] Waiting for init message from front-end.
+(EngineCore_DP0 pid=94) INFO 03-09 12:57:31 [gpu_model_runner.py:2653] Model loading took 14.99 GiB and 120.7 seconds
+"""  # noqa: E501
+KV_CAUSE = """\
+(EngineCore_DP0 pid=94) ERROR 03-09 12:57:38 [core.py:866] EngineCore failed to start.
+(EngineCore_DP0 pid=94) ERROR 03-09 12:57:38 [core.py:866] Traceback (most recent call last):
+(EngineCore_DP0 pid=94) ERROR 03-09 12:57:38 [core.py:866]   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/core/kv_cache_utils.py", line 700, in check_enough_kv_cache_memory
+(EngineCore_DP0 pid=94) ERROR 03-09 12:57:38 [core.py:866]     raise ValueError(
+(EngineCore_DP0 pid=94) ERROR 03-09 12:57:38 [core.py:866] ValueError: To serve at least one request with the models's max seq len (131072), (16.00 GiB KV cache is needed, which is larger than the available KV cache memory (7.73 GiB). Based on the available memory, the estimated maximum model length is 63280. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.
+(EngineCore_DP0 pid=94) Process EngineCore_DP0:
+"""  # noqa: E501
+CUDA_OOM_CAUSE = """\
+(Worker_TP0 pid=311) ERROR 03-09 12:56:02 [multiproc_executor.py:597] WorkerProc failed to start.
+(Worker_TP0 pid=311) ERROR 03-09 12:56:02 [multiproc_executor.py:597] Traceback (most recent call last):
+(Worker_TP0 pid=311) ERROR 03-09 12:56:02 [multiproc_executor.py:597]   File "/usr/local/lib/python3.12/dist-packages/torch/nn/modules/module.py", line 1355, in convert
+(Worker_TP0 pid=311) ERROR 03-09 12:56:02 [multiproc_executor.py:597]     return t.to(
+(Worker_TP0 pid=311) ERROR 03-09 12:56:02 [multiproc_executor.py:597] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.96 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.02 GiB is free.
+(EngineCore_DP0 pid=94) ERROR 03-09 12:56:03 [core.py:866] EngineCore failed to start.
+(EngineCore_DP0 pid=94) ERROR 03-09 12:56:03 [core.py:866] Traceback (most recent call last):
+(EngineCore_DP0 pid=94) ERROR 03-09 12:56:03 [core.py:866]   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/executor/multiproc_executor.py", line 509, in wait_for_ready
+(EngineCore_DP0 pid=94) ERROR 03-09 12:56:03 [core.py:866]     raise e from None
+(EngineCore_DP0 pid=94) ERROR 03-09 12:56:03 [core.py:866] Exception: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause.
+(EngineCore_DP0 pid=94) Process EngineCore_DP0:
+"""  # noqa: E501
+API_SERVER_WRAPPER = """\
+(APIServer pid=1) Traceback (most recent call last):
+(APIServer pid=1)   File "/usr/local/bin/vllm", line 10, in <module>
+(APIServer pid=1)     sys.exit(main())
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/cli/main.py", line 75, in main
+(APIServer pid=1)     args.dispatch_function(args)
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/cli/serve.py", line 112, in cmd
+(APIServer pid=1)     uvloop.run(run_server(args))
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/uvloop/__init__.py", line 96, in run
+(APIServer pid=1)     return __asyncio.run(
+(APIServer pid=1)   File "/usr/lib/python3.12/asyncio/runners.py", line 195, in run
+(APIServer pid=1)     return runner.run(main)
+(APIServer pid=1)   File "/usr/lib/python3.12/asyncio/runners.py", line 118, in run
+(APIServer pid=1)     return self._loop.run_until_complete(task)
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/uvloop/__init__.py", line 48, in wrapper
+(APIServer pid=1)     return await main
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/api_server.py", line 1941, in run_server
+(APIServer pid=1)     await run_server_worker(listen_address, sock, args, **uvicorn_kwargs)
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/api_server.py", line 1961, in run_server_worker
+(APIServer pid=1)     async with build_async_engine_client(
+(APIServer pid=1)   File "/usr/lib/python3.12/contextlib.py", line 210, in __aenter__
+(APIServer pid=1)     return await anext(self.gen)
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/api_server.py", line 179, in build_async_engine_client
+(APIServer pid=1)     async with build_async_engine_client_from_engine_args(
+(APIServer pid=1)   File "/usr/lib/python3.12/contextlib.py", line 210, in __aenter__
+(APIServer pid=1)     return await anext(self.gen)
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/api_server.py", line 221, in build_async_engine_client_from_engine_args
+(APIServer pid=1)     async_llm = AsyncLLM.from_vllm_config(
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/utils/__init__.py", line 1589, in inner
+(APIServer pid=1)     return fn(*args, **kwargs)
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/async_llm.py", line 212, in from_vllm_config
+(APIServer pid=1)     return cls(
+(APIServer pid=1)            ^^^^
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/utils/__init__.py", line 1589, in inner
+(APIServer pid=1)     return fn(*args, **kwargs)
+(APIServer pid=1)            ^^^^^^^^^^^^^^^^^^^
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/async_llm.py", line 136, in __init__
+(APIServer pid=1)     self.engine_core = EngineCoreClient.make_async_mp_client(
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core_client.py", line 102, in make_async_mp_client
+(APIServer pid=1)     return AsyncMPClient(*client_args)
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core_client.py", line 767, in __init__
+(APIServer pid=1)     super().__init__(
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core_client.py", line 446, in __init__
+(APIServer pid=1)     with launch_core_engines(vllm_config, executor_class,
+(APIServer pid=1)   File "/usr/lib/python3.12/contextlib.py", line 144, in __exit__
+(APIServer pid=1)     next(self.gen)
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/utils.py", line 706, in launch_core_engines
+(APIServer pid=1)     wait_for_engine_startup(
+(APIServer pid=1)   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/utils.py", line 759, in wait_for_engine_startup
+(APIServer pid=1)     raise RuntimeError(
+(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""  # noqa: E501
+KV_CACHE_LOG = STARTUP + KV_CAUSE + API_SERVER_WRAPPER
+CUDA_OOM_LOG = STARTUP + CUDA_OOM_CAUSE + API_SERVER_WRAPPER
+
+
+@dataclass
+class FakeKube:
+    """Serves pods' previous logs, or refuses them."""
+
+    logs: dict[str, str] = field(default_factory=dict)  # by pod name
+    refusal: ApiError | None = None
+    asked: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+
+    async def log(self, namespace: str, pod: str, **query: Any) -> str:
+        self.asked.append((namespace, pod, query))
+        if self.refusal is not None:
+            raise self.refusal
+        return self.logs[pod]
+
+
+def crashed_at_start(log: str) -> Observed:
+    """A fleet whose replica 0's engine crashed with that log; its termination
+    message is what kubelet keeps of it."""
+    return fleet_with(crash_looping(code=1, message=log_message(log)))
+
+
+def read_back(fleet: Observed, kube: FakeKube) -> tuple[Observed, dict[CrashedRun, str | None]]:
+    """A pass's reading: the crashed runs' logs (none known yet), into the facts."""
+    words = asyncio.run(crash_words(kube, REF, crashed_runs(fleet), known={}))
+    return with_last_words(fleet, words), words
+
+
+def test_the_fixture_is_the_case_kubelets_tail_misses() -> None:
+    assert len(API_SERVER_WRAPPER.splitlines()) >= 48
+    assert "max seq len" not in log_message(KV_CACHE_LOG)
+
+
+def test_the_engine_cores_cause_is_read_from_the_log_past_the_api_servers_wrapper() -> None:
+    fleet, _ = read_back(crashed_at_start(KV_CACHE_LOG), FakeKube(logs={"c-r0-0": KV_CACHE_LOG}))
+    status = build_status(inputs(fleet))
+    VLLMClusterStatus.model_validate(status)
+    degraded = conditions(status)["Degraded"]
+    assert degraded["reason"] == "EngineCrashLooping"
+    message = degraded["message"]
+    assert message.startswith("replica 0: the engine of pod c-r0-0 exits with code 1 (4 restarts)")
+    assert "saying \"ValueError: To serve at least one request with the models's max seq len" in (
+        message
+    )
+    assert "Engine core initialization failed" not in message
+    assert "lower it" in message and "spec.engine.maxModelLen" in message
+    assert message.endswith("see kubectl logs c-r0-0 --previous")
+
+
+def test_a_cuda_oom_is_told_by_its_cause_not_by_startup_lines_that_name_max_model_len() -> None:
+    # The API server logs its arguments (max_model_len among them) at every
+    # start: a fix read from the whole log would always blame maxModelLen.
+    fleet, _ = read_back(crashed_at_start(CUDA_OOM_LOG), FakeKube(logs={"c-r0-0": CUDA_OOM_LOG}))
+    message = conditions(build_status(inputs(fleet)))["Degraded"]["message"]
+    assert 'saying "torch.OutOfMemoryError: CUDA out of memory.' in message
+    assert "the GPU ran out of memory" in message and "KV cache cannot hold" not in message
+
+
+def test_a_crashed_runs_log_is_read_once_through_the_api_and_again_for_its_next_run() -> None:
+    kube = FakeKube(logs={"c-r0-0": KV_CACHE_LOG})
+    fleet = crashed_at_start(KV_CACHE_LOG)
+    _, words = read_back(fleet, kube)
+    ((namespace, pod, query),) = kube.asked
+    assert (namespace, pod) == ("ns", "c-r0-0")
+    assert query["container"] == "engine" and query["previous"] is True
+    assert query["limit_bytes"] == 64 * 1024 and query["tail_lines"] > 0  # its end, bounded
+    # The next pass knows it: nothing is read, and the words stay.
+    again = asyncio.run(crash_words(kube, REF, crashed_runs(fleet), known=words))
+    assert len(kube.asked) == 1 and again == words
+    # The next crash is a new run (kubelet's restartCount): read again; the
+    # runs that are over are forgotten.
+    restarted = fleet_with({**crash_looping(code=1), "restartCount": 5})
+    later = asyncio.run(crash_words(kube, REF, crashed_runs(restarted), known=words))
+    assert len(kube.asked) == 2 and [run.restarts for run in later] == [5]
+
+
+def test_a_log_that_cannot_be_read_leaves_the_termination_message() -> None:
+    kube = FakeKube(refusal=ApiError(403, 'pods "c-r0-0" is forbidden: cannot get pods/log'))
+    fleet, words = read_back(crashed_at_start(KV_CACHE_LOG), kube)
+    assert list(words.values()) == [None]  # remembered: not asked again at every pass
+    message = conditions(build_status(inputs(fleet)))["Degraded"]["message"]
+    assert "Engine core initialization failed" in message
+    assert message.endswith("see kubectl logs c-r0-0 --previous")
+
+
+def test_no_log_is_read_of_an_engine_oom_killed_never_started_or_not_restarted_yet() -> None:
+    killed = fleet_with(crash_looping(code=137, reason="OOMKilled"))
+    never = fleet_with(crash_looping(code=128, reason="StartError", message="exec failed"))
+    # Until kubelet restarts it, `previous` names the run before the one that ended.
+    ended = crash_looping(code=1)
+    ended = {**ended, "state": ended["lastState"], "lastState": {}}
+    assert crashed_runs(killed) == crashed_runs(never) == crashed_runs(fleet_with(ended)) == []
+    assert len(crashed_runs(fleet_with(crash_looping(code=1)))) == 1
+
+
+# containerd's words for a container it cannot start (a command the image
+# lacks; a GPU hook that fails reads "nvidia-container-cli: ...").
+START_ERROR = (
+    "failed to create containerd task: failed to create shim task: OCI runtime create failed: "
+    'runc create failed: unable to start container process: exec: "vllm": executable file not '
+    "found in $PATH: unknown"
+)
+CANNOT_RUN_FIX = (
+    "check that spec.image is a vLLM image (shoal runs `vllm serve` in it); if a GPU hook "
+    "failed (nvidia-container-cli), check the node's NVIDIA driver and container runtime"
+)
+
+
+@pytest.mark.parametrize(
+    "waiting_state",
+    [
+        {"reason": "RunContainerError", "message": ""},
+        {
+            "reason": "CrashLoopBackOff",
+            "message": "back-off 20s restarting failed container=engine",
+        },
+    ],
+)
+def test_a_container_that_cannot_start_keeps_one_reason_as_kubelet_alternates(
+    waiting_state: dict[str, str],
+) -> None:
+    # kubelet alternates the two waiting reasons on each try; the last
+    # termination (StartError, exit code 128) stays, and decides.
+    engine = {
+        **crash_looping(code=128, reason="StartError", message=START_ERROR),
+        "state": {"waiting": waiting_state},
+    }
+    status = build_status(inputs(fleet_with(engine)))
+    degraded = conditions(status)["Degraded"]
+    assert degraded["reason"] == "ContainerCannotRun"
+    assert degraded["message"] == (
+        "replica 0: pod c-r0-0 cannot run its engine (exit code 128): "
+        f'"{START_ERROR}": {CANNOT_RUN_FIX}'
+    )
+    assert status["replicaStatuses"][0]["lastTermination"] == (
+        "pod c-r0-0: not started (exit code 128)"
+    )
+
+
+def test_a_container_that_cannot_be_created_says_what_to_check_without_kubelets_words() -> None:
+    failure = container_failure(
+        pod_for(0, ready=False), container_facts(waiting("CreateContainerError", ""))
+    )
+    assert failure is not None
+    assert (
+        failure.message
+        == f"pod c-r0-0 cannot run its engine (CreateContainerError): {CANNOT_RUN_FIX}"
+    )
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        waiting("CreateContainerError", "x" * 3000),
+        waiting("CreateContainerConfigError", "x" * 3000),
+        waiting("ImagePullBackOff", "back-off", image="registry.example/" + "x" * 3000),
+        crash_looping(code=1, message="x" * 3000),
+        crash_looping(code=128, reason="StartError", message="x" * 3000),
+    ],
+)
+def test_kubelets_words_however_long_leave_the_status_valid(engine: dict[str, Any]) -> None:
+    fleet = fleet_with(engine)
+    failure = container_failure(fleet.replicas[0].pods[0], container_facts(engine))
+    assert failure is not None and len(failure.message) <= REPLICA_MESSAGE_CHARS
+    VLLMClusterStatus.model_validate(build_status(inputs(fleet)))

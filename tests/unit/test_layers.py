@@ -52,6 +52,7 @@ IO_CONTROLLER = (
     "children",
     "cli",
     "context",
+    "crashlogs",
     "downloads",
     "finalizer",
     "handlers",

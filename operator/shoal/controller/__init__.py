@@ -19,7 +19,8 @@ engines' API key digest on their templates, so a rotated key rolls out) and
 
 I/O: `kube` (the API server), `probes`, `healthloop` and `warming` (the
 engines), `autoscaler` (reads the routers, sets the scale subresource),
-`reconcile` (one pass: read, decide, act), `recorder` (posts Events),
+`reconcile` (one pass: read, decide, act), `crashlogs` (the logs of
+engines' crashed runs, read once each), `recorder` (posts Events),
 `finalizer` (takes shoal's finalizer off where kopf cannot),
 `downloads` (the model cache's Job and claim), `handlers` (kopf),
 `context`, `children` (the watched children), `metrics` and `logs`

@@ -15,6 +15,7 @@ from kopf._cogs.structs.references import NamespaceName, match_namespace
 from shoal.controller.children import ChildStore
 from shoal.controller.decide import Event, Memory
 from shoal.controller.enginekeys import KeyRing
+from shoal.controller.failures import CrashedRun
 from shoal.controller.healthloop import HealthChecks
 from shoal.controller.identity import ClusterRef, Manifest
 from shoal.controller.kube import KubeApi
@@ -106,6 +107,9 @@ class ClusterState:
     gpu_nodes: list[dict[str, Any]] | None = None
     gone: bool = False  # deleted: its daemon has ended (kopf may still run its timer)
     engine_keys: KeyRing = field(default_factory=KeyRing)  # spec.engine.apiKeySecret's, read
+    # What the logs of engines' crashed runs said (None: unreadable), so each
+    # is read once (controller/crashlogs.py).
+    crash_words: dict[CrashedRun, str | None] = field(default_factory=dict)
 
 
 @dataclass

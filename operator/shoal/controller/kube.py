@@ -1,6 +1,6 @@
 """The operator's Kubernetes API client, on kr8s: server-side apply with shoal's
-field manager, get, list by label, patch, delete. kopf watches and runs the
-handlers; what the operator itself reads and writes goes through here.
+field manager, get, list by label, patch, delete, a pod's log. kopf watches and
+runs the handlers; what the operator itself reads and writes goes through here.
 
 Why kr8s: one maintained async client (dask-kubernetes' operator uses it)
 built on httpx, the HTTP library of the rest of the control plane, engine
@@ -86,10 +86,11 @@ class KubeApi:
         params: dict[str, str] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        text: bool = False,
     ) -> Any:
-        """One request; the answer's JSON. Refusals raise ApiError; an
-        unreachable or silent API server raises ConnectionError or
-        TimeoutError (both OSError, which the handlers retry)."""
+        """One request; the answer's JSON (or its text: a pod's log). Refusals
+        raise ApiError; an unreachable or silent API server raises
+        ConnectionError or TimeoutError (both OSError, which the handlers retry)."""
         headers = dict(self._headers)
         content = None
         if body is not None:
@@ -108,6 +109,8 @@ class KubeApi:
                 headers=headers,
                 timeout=TIMEOUT,
             ) as response:
+                if text:
+                    return response.text
                 return response.json() if response.content else None
         except kr8s.ServerError as error:
             answer = error.response
@@ -186,6 +189,36 @@ class KubeApi:
                 return None
             raise
         return found
+
+    async def log(
+        self,
+        namespace: str,
+        pod: str,
+        *,
+        container: str,
+        previous: bool,
+        tail_lines: int,
+        limit_bytes: int,
+    ) -> str:
+        """A container's log (pods/log; `previous`: its run before the current
+        one): the last tail_lines, of which no more than limit_bytes."""
+        params = {
+            "container": container,
+            "previous": str(previous).lower(),
+            "tailLines": str(tail_lines),
+            "limitBytes": str(limit_bytes),
+        }
+        log: str = await self._object(
+            "GET",
+            api_version="v1",
+            kind="Pod",
+            namespace=namespace,
+            name=pod,
+            subresource="log",
+            params=params,
+            text=True,
+        )
+        return log
 
     async def list_nodes(self) -> list[Manifest]:
         listing = await self._object("GET", api_version="v1", kind="Node")

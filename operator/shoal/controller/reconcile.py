@@ -26,6 +26,7 @@ from shoal.api.status import ConditionReason, ConditionStatus
 from shoal.api.validation import SpecError, parse_cluster, validate_spec
 from shoal.controller.children import comparable
 from shoal.controller.context import ClusterState, LiveChildren, OperatorContext
+from shoal.controller.crashlogs import crash_words
 from shoal.controller.decide import (
     RESTART_GRACE_SECONDS,
     Decision,
@@ -53,6 +54,7 @@ from shoal.controller.downloads import PROGRESS_SECONDS, prepare_model
 from shoal.controller.engine import nodes_per_replica, served_model_name
 from shoal.controller.enginekeys import KeyRing, with_engine_key
 from shoal.controller.events import children_made
+from shoal.controller.failures import crashed_runs, with_last_words
 from shoal.controller.healthloop import Target
 from shoal.controller.identity import ClusterRef, Manifest, of_cluster
 from shoal.controller.kube import NAMESPACE_TERMINATING, ApiError
@@ -176,6 +178,10 @@ async def _reconcile(
             return NODES_RETRY_SECONDS
         spec = with_gpu_facts(spec, gpus)
     observed, listed = await _observe(ctx, ref, spec)
+    state.crash_words = await crash_words(
+        ctx.kube, ref, crashed_runs(observed), known=state.crash_words
+    )
+    observed = with_last_words(observed, state.crash_words)
     fleet = None
     desired = None
     kept: list[int] | None = None
