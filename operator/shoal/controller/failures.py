@@ -108,7 +108,7 @@ _CANNOT_RUN_FIX = (
 _COLOR = re.compile(r"\x1b\[[\d;]*m")
 _PROCESS = re.compile(r"^\([^()]*\bpid=\d+[^()]*\)\s?")
 _RECORD = re.compile(
-    r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?"
+    r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? (\[[^\]]*\]) ?"
 )
 # The line Python ends a traceback with: "torch.OutOfMemoryError: CUDA out of memory."
 _RAISED = re.compile(r"^(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception)(?::\s|$)")
@@ -154,9 +154,16 @@ def last_line(text: str | None) -> str | None:
     return lines[-1][:_LINE_CHARS] if lines else None
 
 
-def _plain(line: str) -> str:
+def _plain(line: str) -> tuple[str, str]:
+    """The line without vLLM's prefixes, and where it came from: its process
+    and log record's source ("(EngineCore pid=9) [core.py:866]"), "" for a
+    line printed as is (a traceback to stderr)."""
     line = _COLOR.sub("", line).strip()
-    return _RECORD.sub("", _PROCESS.sub("", line)).strip()
+    process = _PROCESS.match(line)
+    rest = line[process.end() :] if process else line
+    record = _RECORD.match(rest)
+    source = (process.group(0).strip() if process else "") + (record.group(1) if record else "")
+    return (rest[record.end() :] if record else rest).strip(), source
 
 
 def last_words(log: str | None) -> str | None:
@@ -165,15 +172,18 @@ def last_words(log: str | None) -> str | None:
     message's lines; else the last exception; else the last line. Lines are
     kept without vLLM's prefixes. A fix is read from these words only: every
     start logs its arguments (max_model_len among them)."""
-    lines = [plain for line in (log or "").splitlines() if (plain := _plain(line))]
+    said = [plain for line in (log or "").splitlines() if (plain := _plain(line))[0]]
+    lines = [line for line, _ in said]
     raised = [i for i, line in enumerate(lines) if _RAISED.match(line)]
     causes = [i for i in raised if not _WRAPPER.search(lines[i])] or raised
     if not causes:
         return lines[-1] if lines else None
     start = causes[-1]
     words = [lines[start]]
-    for line in lines[start + 1 : start + _MESSAGE_LINES]:
-        if _RAISED.match(line) or _MESSAGE_END.match(line):
+    for line, source in said[start + 1 : start + _MESSAGE_LINES]:
+        # A message's lines come from where its first did: another process's
+        # or log record's line is the next thing the log says.
+        if source != said[start][1] or _RAISED.match(line) or _MESSAGE_END.match(line):
             break
         words.append(line)
     return "\n".join(words)
