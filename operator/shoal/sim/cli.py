@@ -18,14 +18,17 @@ import logging
 import os
 import re
 import signal
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from shoal.sim.auth import api_keys
-from shoal.sim.config import EngineConfig
+from shoal.sim.config import EngineConfig, KVCacheTooSmall
 from shoal.sim.faults import CONNECTION_MODES, METRICS_MODES, Faults
 from shoal.sim.profiles import DEFAULT_PROFILE, PROFILES
 from shoal.sim.server import Address, run_engines
+from shoal.sim.startfail import EXIT_CODE as START_FAILURE_EXIT_CODE
+from shoal.sim.startfail import start_failure_log
 
 log = logging.getLogger("shoal.sim")
 
@@ -254,6 +257,10 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         config = engine_config(args)
+    except KVCacheTooSmall as e:
+        # The engine core's failure, as vLLM's log and exit code tell it.
+        sys.stderr.write(start_failure_log(f"ValueError: {e}"))
+        return START_FAILURE_EXIT_CODE
     except ValueError as e:
         log.error("%s", e)
         return 2

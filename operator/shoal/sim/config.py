@@ -12,6 +12,23 @@ from shoal.sim.profiles import DEFAULT_PROFILE, PROFILES, Profile
 VLLM_VERSION = "0.32.0"
 
 
+class KVCacheTooSmall(ValueError):
+    """vLLM's refusal to start with a KV cache that cannot hold one request of
+    max_model_len tokens, in its words (v1/core/kv_cache_utils.py)."""
+
+    def __init__(self, *, max_model_len: int, usable_tokens: int, bytes_per_token: int) -> None:
+        def gib(tokens: int) -> str:
+            return f"{tokens * bytes_per_token / 2**30:.2f} GiB"
+
+        super().__init__(
+            f"To serve at least one request with the model's max seq len ({max_model_len}), "
+            f"({gib(max_model_len)} KV cache is needed, which is larger than the available KV "
+            f"cache memory ({gib(usable_tokens)}). Based on the available memory, the "
+            f"estimated maximum model length is {usable_tokens}. Try increasing "
+            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     model: str = "meta-llama/Meta-Llama-3-8B-Instruct"
@@ -48,11 +65,10 @@ class EngineConfig:
             raise ValueError("the KV cache must hold at least 2 blocks")
         usable_tokens = (self.resolved_num_gpu_blocks - 1) * self.resolved_block_size
         if usable_tokens < self.resolved_max_model_len:
-            # vLLM refuses to start in this case too.
-            raise ValueError(
-                f"the KV cache holds {usable_tokens} tokens, fewer than max_model_len "
-                f"{self.resolved_max_model_len}: raise the KV cache size or lower "
-                "--max-model-len"
+            raise KVCacheTooSmall(
+                max_model_len=self.resolved_max_model_len,
+                usable_tokens=usable_tokens,
+                bytes_per_token=self.profile.kv_bytes_per_token,
             )
         self.faults.validate()
 
