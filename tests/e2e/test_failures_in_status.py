@@ -57,13 +57,21 @@ def test_an_engine_that_exits_at_start_is_shown_crash_looping_with_its_exit_code
     manifest = cluster_manifest("crash", replicas=1)
     manifest["spec"]["engine"]["extraArgs"] += ["--num-gpu-blocks-override", "100"]
     apply(testbed, ns, manifest)
-    message = _says_why(testbed, ns, "crash", "EngineCrashLooping", "exits with code 1")
-    assert "the engine of pod crash-r0-0 exits with code 1" in message
-    assert "see kubectl logs crash-r0-0 --previous" in message
+    _says_why(testbed, ns, "crash", "EngineCrashLooping", "exits with code 1")
     # The engine's cause reaches status with the fix it points to, though
     # kubelet's 2 KB tail of the log (the termination message) holds only the
-    # traceback after it: the operator read the run's log (pods/log).
-    assert 'saying "ValueError: To serve at least one request' in message, message
+    # traceback after it: the operator read the run's log (pods/log), at once
+    # or, a log read a moment after the run ended being empty, next pass.
+    cause = 'saying "ValueError: To serve at least one request'
+
+    def told() -> str | None:
+        degraded = _degraded(testbed, ns, "crash", "EngineCrashLooping") or {}
+        said = str(degraded.get("message", ""))
+        return said if cause in said else None
+
+    message = wait_for(told, what="the engine's cause in Degraded", timeout=60)
+    assert "the engine of pod crash-r0-0 exits with code 1" in message
+    assert "see kubectl logs crash-r0-0 --previous" in message
     assert "the KV cache cannot hold spec.engine.maxModelLen tokens" in message
     # The command the message names shows the engine's own error (the pod
     # runner's CRI log files, served by kwok as a kubelet serves them).

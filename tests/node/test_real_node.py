@@ -682,11 +682,18 @@ def test_a_crash_looping_engine_and_an_image_that_cannot_be_pulled_say_why_on_th
     nopull["spec"]["image"] = missing
     apply(node_testbed, apps, crash, nopull)
 
-    message = _degraded_with(node_testbed, apps, "crash", "EngineCrashLooping")["message"]
-    assert "the engine of pod crash-r0-0 exits with code 1" in message, message
+    _degraded_with(node_testbed, apps, "crash", "EngineCrashLooping")
     # Its cause, read from the run's log: kubelet's 2 KB tail holds only the
-    # API server's traceback that follows it.
-    assert 'saying "ValueError: To serve at least one request' in message, message
+    # API server's traceback that follows it. Read a moment after the run
+    # ended, kubelet served that log empty (seen): it is read again.
+    cause = 'saying "ValueError: To serve at least one request'
+
+    def told() -> str | None:
+        said = str(_degraded_with(node_testbed, apps, "crash", "EngineCrashLooping")["message"])
+        return said if cause in said else None
+
+    message = wait_for(told, what="the engine's cause in Degraded", timeout=120)
+    assert "the engine of pod crash-r0-0 exits with code 1" in message, message
     # The engine's last words, through kubelet's FallbackToLogsOnError, and the fix.
     assert "the KV cache cannot hold spec.engine.maxModelLen tokens" in message, message
     assert "see kubectl logs crash-r0-0 --previous" in message, message

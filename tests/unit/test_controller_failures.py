@@ -535,14 +535,46 @@ def test_a_log_that_cannot_be_read_leaves_the_termination_message() -> None:
     assert message.endswith("see kubectl logs c-r0-0 --previous")
 
 
-def test_no_log_is_read_of_an_engine_oom_killed_never_started_or_not_restarted_yet() -> None:
+def test_a_log_still_empty_is_read_again_at_the_next_pass() -> None:
+    """Seen on the real node: read a moment after the run ended, its log was
+    empty; remembered so, the run's cause was never told."""
+    ended = crash_looping(code=1)
+    fleet = fleet_with({**ended, "state": ended["lastState"], "lastState": {}})
+    runs = crashed_runs(fleet)
+    kube = FakeKube(logs={"c-r0-0": ""})
+    first = asyncio.run(crash_words(kube, REF, runs, known={}))
+    kube.logs["c-r0-0"] = KV_CACHE_LOG
+    second = asyncio.run(crash_words(kube, REF, runs, known=first))
+    assert len(kube.asked) == 2
+    assert [w and w.splitlines()[0][:40] for w in second.values()] == [
+        "ValueError: To serve at least one reques"
+    ]
+    asyncio.run(crash_words(kube, REF, runs, known=second))
+    assert len(kube.asked) == 2  # once told, not read again
+
+
+def test_no_log_is_read_of_an_engine_oom_killed_or_never_started() -> None:
     killed = fleet_with(crash_looping(code=137, reason="OOMKilled"))
     never = fleet_with(crash_looping(code=128, reason="StartError", message="exec failed"))
-    # Until kubelet restarts it, `previous` names the run before the one that ended.
+    assert crashed_runs(killed) == crashed_runs(never) == []
+    [waiting] = crashed_runs(fleet_with(crash_looping(code=1)))
+    assert waiting.previous
+
+
+def test_a_run_that_lies_terminated_is_read_from_its_own_log_not_the_one_before() -> None:
+    """A real kubelet leaves the first crash terminated (0 restarts) until its
+    next sync: `previous` then names no run, or the one before; the crashed
+    run's log is the container's own. Seen on the real node: the first
+    Degraded quoted only the API server's wrapper."""
     ended = crash_looping(code=1)
     ended = {**ended, "state": ended["lastState"], "lastState": {}}
-    assert crashed_runs(killed) == crashed_runs(never) == crashed_runs(fleet_with(ended)) == []
-    assert len(crashed_runs(fleet_with(crash_looping(code=1)))) == 1
+    [run] = crashed_runs(fleet_with(ended))
+    assert not run.previous
+    kube = FakeKube(logs={"c-r0-0": KV_CACHE_LOG})
+    fleet, _ = read_back(fleet_with(ended), kube)
+    assert [query["previous"] for _, _, query in kube.asked] == [False]
+    message = conditions(build_status(inputs(fleet)))["Degraded"]["message"]
+    assert "max seq len" in message, message
 
 
 # containerd's words for a container it cannot start (a command the image

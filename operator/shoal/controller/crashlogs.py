@@ -45,20 +45,24 @@ async def crash_words(
     known: Mapping[CrashedRun, str | None],
 ) -> dict[CrashedRun, str | None]:
     """What each run's log says (None: it could not be read), for the runs
-    given: those in `known` are not read again, the others are forgotten."""
+    given: those in `known` are not read again, the others are forgotten. A
+    log still empty is read again at the next pass: a real kubelet answers
+    so for a run that ended a moment ago."""
+    words = {run: known[run] for run in runs if run in known}
     missing = [run for run in runs if run not in known]
     read = await asyncio.gather(*(_read(kube, ref, run) for run in missing))
-    fresh = dict(zip(missing, read, strict=True))
-    return {run: known[run] if run in known else fresh[run] for run in runs}
+    words.update((run, said) for run, said in zip(missing, read, strict=True) if said != "")
+    return words
 
 
 async def _read(kube: PodLogs, ref: ClusterRef, run: CrashedRun) -> str | None:
+    """What the run's log says; "" while it is empty, None if unreadable."""
     try:
         log = await kube.log(
             ref.namespace,
             run.pod,
             container=run.container,
-            previous=True,
+            previous=run.previous,
             tail_lines=TAIL_LINES,
             limit_bytes=LIMIT_BYTES,
         )
@@ -69,4 +73,4 @@ async def _read(kube: PodLogs, ref: ClusterRef, run: CrashedRun) -> str | None:
             "cannot read the log of %s's crashed run: %s", run.container, error
         )
         return None
-    return last_words(log)
+    return last_words(log) or ""

@@ -218,27 +218,34 @@ def termination(container: ContainerFacts) -> str | None:
 
 @dataclass(frozen=True)
 class CrashedRun:
-    """A container's run that ended in failure, whose log the API serves
-    (`previous`: kubelet has started the container again or waits to)."""
+    """A container's run that ended in failure, whose log the API serves:
+    the container's own while it lies terminated, else (`previous`) the one
+    before, once kubelet waits to start it again or has."""
 
     pod: str
     uid: str  # the pod's: a replaced pod (same name) is another run
     container: str
     restarts: int  # kubelet's restartCount: each crash is a new run
+    previous: bool = True
 
 
 def _reads_log(pod: PodFacts, container: ContainerFacts) -> bool:
-    """Its failure quotes its last words (_crash), and its last run is the
-    one `previous` names: kubelet waits to start it again, or has."""
-    again = container.running or container.waiting is not None
+    """Its failure quotes its last words (_crash)."""
     oom = container.exit_reason is ExitReason.OOM_KILLED  # the message needs no words
-    return _failing(pod, container) and again and not oom and not _not_started(container)
+    return _failing(pod, container) and not oom and not _not_started(container)
+
+
+def _run(pod: PodFacts, container: ContainerFacts) -> CrashedRun:
+    # Terminated, not yet waiting or running again: a real kubelet leaves
+    # the first crash so until its next sync, the run its own log.
+    again = container.running or container.waiting is not None
+    return CrashedRun(pod.name, pod.uid, container.name, container.restarts, previous=again)
 
 
 def crashed_runs(observed: Observed) -> list[CrashedRun]:
     """The runs whose logs say why their replicas' engines crash."""
     return [
-        CrashedRun(pod.name, pod.uid, container.name, container.restarts)
+        _run(pod, container)
         for replica in observed.replicas.values()
         for pod in replica.members
         for container in pod.containers
@@ -255,7 +262,7 @@ def with_last_words(observed: Observed, words: Mapping[CrashedRun, str | None]) 
         return observed
 
     def read(pod: PodFacts, container: ContainerFacts) -> ContainerFacts:
-        said = words.get(CrashedRun(pod.name, pod.uid, container.name, container.restarts))
+        said = words.get(_run(pod, container))
         return replace(container, exit_message=said) if said else container
 
     return replace(
