@@ -66,7 +66,7 @@ class Outcome:
     sent: float = 0.0  # seconds from the start of the run
     ok: bool = False
     error: str | None = None
-    ttft: float | None = None  # seconds to the first generated text
+    ttft: float | None = None  # seconds to the first chunk of output (even empty text)
     itls: list[float] = field(default_factory=list)  # gaps between later chunks
     latency: float | None = None  # end to end, for completed requests
     prompt_tokens: int = 0
@@ -104,20 +104,31 @@ class _Stream:
             error = chunk["error"]
             message = error.get("message") if isinstance(error, dict) else error
             raise _StreamError(f"error in stream: {message}")
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta")
-            text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-            if text:
-                self.chunks += 1
-                if self.last is None:
-                    self.outcome.ttft = (now - self.started) * self.scale
-                else:
-                    self.outcome.itls.append((now - self.last) * self.scale)
-                self.last = now
+        # A chunk with a choice is output even when its text is empty (a
+        # special token, or a tokenizer that decodes to nothing, as on the
+        # fixtures' tiny model); `vllm bench serve` times it the same way.
+        # The closing usage chunk has no choice.
+        if chunk.get("choices"):
+            self.chunks += 1
+            if self.last is None:
+                self.outcome.ttft = (now - self.started) * self.scale
+            else:
+                self.outcome.itls.append((now - self.last) * self.scale)
+            self.last = now
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self.outcome.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             self.outcome.output_tokens = int(usage.get("completion_tokens") or 0)
+
+    def finish(self, now: float) -> None:
+        """Judge the answer once its body has ended."""
+        if not self.done or self.outcome.ttft is None:
+            self.outcome.error = "the stream ended early"
+            return
+        self.outcome.ok = True
+        self.outcome.latency = (now - self.started) * self.scale
+        if not self.outcome.output_tokens:
+            self.outcome.output_tokens = self.chunks
 
 
 class _StreamError(Exception):
@@ -152,13 +163,7 @@ async def _send(
     except (aiohttp.ClientError, TimeoutError, _StreamError, ValueError) as error:
         outcome.error = str(error) or type(error).__name__
         return
-    if not stream.done or outcome.ttft is None:
-        outcome.error = "the stream ended early"
-        return
-    outcome.ok = True
-    outcome.latency = (time.perf_counter() - started) * scale
-    if not outcome.output_tokens:
-        outcome.output_tokens = stream.chunks
+    stream.finish(time.perf_counter())
 
 
 async def drive(
