@@ -68,6 +68,28 @@ def test_a_crash_turns_health_503_then_the_process_exits(tmp_path: Path) -> None
         assert refused(port)
 
 
+def test_a_dead_engine_answers_as_vllms_internal_server_error(tmp_path: Path) -> None:
+    """vLLM maps EngineDeadError to "InternalServerError"; a stream it
+    breaks ends with the error written by json.dumps (spaced), then [DONE]."""
+    message = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+    args = ("--sim-fault-api", "--sim-crash-exit-seconds", "5")
+    with sim(tmp_path, *args) as (_, url), httpx.Client(timeout=10) as client:
+        body = {**COMPLETION, "max_tokens": 1000, "stream": True}
+        with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: {")
+            client.post(f"{url}/_sim/fault", json={"crash": True})
+            events = [line for line in lines if line]
+        assert events[-2:] == [
+            f'data: {{"error": {{"message": "{message}", "type": "InternalServerError", '
+            '"param": null, "code": 500}}',
+            "data: [DONE]",
+        ]
+        after = client.post(f"{url}/v1/completions", json=COMPLETION)
+        compact = f'{{"error":{{"message":"{message}","type":"InternalServerError",'
+        assert (after.status_code, after.text) == (500, compact + '"param":null,"code":500}}')
+
+
 def test_a_connection_reset_fault_resets_every_request_but_the_fault_api(
     tmp_path: Path,
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -179,3 +180,50 @@ def test_a_chat_stream_sends_its_role_chunk_only_with_the_first_output(tmp_path:
             response = client.post(f"{url}/v1/chat/completions", json=body)
         first = sse_events(response.text)[0]
         assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+def test_every_api_answers_an_alias_with_the_first_served_name(tmp_path: Path) -> None:
+    """vLLM names its first --served-model-name in every answer, whichever
+    alias the client asked for."""
+    with sim(tmp_path, "--served-model-name", "tiny", "alias2") as (_, url):
+        messages = [{"role": "user", "content": "hi"}]
+        answers = [
+            post(url, "/v1/completions", {"model": "alias2", "prompt": "hi", "max_tokens": 2}),
+            post(url, "/v1/chat/completions", {"model": "alias2", "messages": messages}),
+            post(url, "/v1/responses", {"model": "alias2", "input": "hi", "max_output_tokens": 2}),
+            post(url, "/v1/messages", {"model": "alias2", "messages": messages, "max_tokens": 2}),
+        ]
+        assert [a.json()["model"] for a in answers] == ["tiny"] * 4
+        stream = {"model": "alias2", "prompt": "hi", "max_tokens": 2, "stream": True}
+        events = sse_events(post(url, "/v1/completions", stream).text)
+        assert {e["model"] for e in events[:-1]} == {"tiny"}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/tokenize", {"prompt": "hi"}),
+        ("/detokenize", {"tokens": [5, 6]}),
+        ("/v1/responses", {"input": "hi", "max_output_tokens": 2}),
+        ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    ],
+)
+@pytest.mark.parametrize("content_type", [None, "text/plain"])
+def test_a_body_not_sent_as_application_json_is_refused(
+    url: str, path: str, body: dict[str, Any], content_type: str | None
+) -> None:
+    headers = {} if content_type is None else {"content-type": content_type}
+    raw = json.dumps(body).encode()
+    response = httpx.post(f"{url}{path}", content=raw, headers=headers, timeout=30)
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {
+            "message": "1 validation error:\n  Unsupported Media Type: "
+            "Only 'application/json' is allowed",
+            "type": "Bad Request",
+            "param": None,
+            "code": 400,
+        }
+    }

@@ -15,6 +15,7 @@ from shoal.sim.config import EngineConfig
 from shoal.sim.engine import Engine, EngineDeadError, RequestStream
 from shoal.sim.faults import Faults
 from shoal.sim.profiles import PROFILES
+from shoal.sim.scheduler import ParentRequest
 from tests.sim_fixtures import parse_exposition, value
 
 T = TypeVar("T")
@@ -107,6 +108,57 @@ def test_resent_prompt_hits_whole_blocks_and_kv_usage_returns_to_zero() -> None:
 
     first, usage_idle, second = run(body)
     assert (first, usage_idle, second) == (0.0, 0.0, 512.0)
+
+
+def test_without_prefix_caching_no_prefix_cache_queries_are_counted() -> None:
+    """vLLM records prefix-cache stats only for requests that look the cache
+    up (KVCacheManager.record_prefix_cache_stats)."""
+
+    async def body(engine: Engine) -> tuple[float, float]:
+        prompt = list(range(3, 603))
+        await finish(submit(engine, prompt, 4))
+        await finish(submit(engine, prompt, 4))
+        return (
+            counter(engine, "vllm:prefix_cache_queries_total"),
+            counter(engine, "vllm:prefix_cache_hits_total"),
+        )
+
+    assert run(body, dataclasses.replace(TINY, enable_prefix_caching=False)) == (0.0, 0.0)
+
+
+def histogram_sum_count(engine: Engine, name: str) -> tuple[float, float]:
+    return counter(engine, f"{name}_sum"), counter(engine, f"{name}_count")
+
+
+def test_a_requests_n_and_most_generated_tokens_are_recorded_once_all_choices_end() -> None:
+    """vLLM's ParentRequest.observe_finished_request: one observation per
+    request, of n and of the most tokens any choice generated (not max_tokens)."""
+    max_generated = "vllm:request_max_num_generation_tokens"
+
+    async def body(engine: Engine) -> list[tuple[float, float]]:
+        seen = []
+        # Stops at its first token (stop probability 1): generated 1 of 50.
+        await finish(engine.submit(prompt_ids=[5, 6, 7], max_tokens=50, seed=1, ignore_eos=False))
+        seen += [histogram_sum_count(engine, max_generated)]
+        seen += [histogram_sum_count(engine, "vllm:request_params_n")]
+        # Three choices of one prompt; each ends at its own length here.
+        parent = ParentRequest(n=3)
+        streams = [
+            engine.submit(
+                prompt_ids=[8, 9], max_tokens=m, seed=2, ignore_eos=True, choice=k, parent=parent
+            )
+            for k, m in enumerate((3, 5, 4))
+        ]
+        await finish(streams[0])
+        seen += [histogram_sum_count(engine, max_generated)]
+        for stream in streams[1:]:
+            await finish(stream)
+        seen += [histogram_sum_count(engine, max_generated)]
+        seen += [histogram_sum_count(engine, "vllm:request_params_n")]
+        return seen
+
+    stopping = dataclasses.replace(TINY, stop_probability=1.0)
+    assert run(body, stopping) == [(1, 1), (1, 1), (1, 1), (6, 2), (4, 2)]
 
 
 def test_overload_queues_fills_kv_and_preempts() -> None:

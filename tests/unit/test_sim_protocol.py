@@ -187,3 +187,152 @@ def test_tokenize_and_models_have_the_recorded_shapes() -> None:
     )
     ours["data"][0]["permission"][0]["id"] = models["data"][0]["permission"][0]["id"]
     assert ours == models
+
+
+ALIASED = api.ModelView(
+    served_names=("tiny", "alias2"),
+    max_model_len=2048,
+    tokenizer=Tokenizer(vocab_size=1024, bos_token_id=None),
+)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_an_alias_is_answered_with_the_first_served_name(chat: bool) -> None:
+    """vLLM's OpenAIServingModels.model_name(): the first --served-model-name."""
+    body: dict[str, Any] = {"model": "alias2", "max_tokens": 1, "stream": True}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"})
+    gen = api.parse_generation(body, ALIASED, chat=chat)
+    assert gen.model == "tiny"
+    encoder = wire.StreamEncoder(gen, fingerprint="fp")
+    raw = b"".join(encoder.start())
+    raw += encoder.delta(index=0, text="", num_tokens=1, finish_reason="length")
+    assert {event["model"] for event in sse_events(raw.decode())} == {"tiny"}
+
+
+UNSUPPORTED_MEDIA_TYPE = {
+    "message": "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
+    "type": "Bad Request",
+    "param": None,
+    "code": 400,
+}
+
+
+@pytest.mark.parametrize(
+    ("content_type", "raw"),
+    [
+        (None, b'{"prompt": "x"}'),
+        (None, b'{"prompt": }'),  # not even decoded without a JSON content type
+        ("text/plain", b'{"prompt": "x"}'),
+        ("application/json ; charset=utf-8", b'{"prompt": "x"}'),
+        ("application/vnd.api+json", b'{"prompt": "x"}'),
+        (None, b""),
+    ],
+)
+def test_a_body_not_typed_application_json_is_refused(content_type: str | None, raw: bytes) -> None:
+    """vLLM's validate_json_request, checked after FastAPI has decoded
+    JSON-typed bodies (as recorded from FastAPI 0.136 with vLLM's handlers)."""
+    e = error_of(lambda: api.parse_request_body(raw, content_type=content_type))
+    assert (e.status, e.body()["error"]) == (400, UNSUPPORTED_MEDIA_TYPE)
+
+
+@pytest.mark.parametrize(
+    "content_type", ["application/json", "Application/JSON", "application/json; charset=utf-8"]
+)
+def test_application_json_in_any_case_and_with_parameters_is_accepted(content_type: str) -> None:
+    assert api.parse_request_body(b'{"prompt": "x"}', content_type=content_type) == {"prompt": "x"}
+
+
+def test_a_malformed_body_typed_as_json_fails_to_decode_before_its_type_is_checked() -> None:
+    e = error_of(lambda: api.parse_request_body(b'{"x": }', content_type="application/x+json"))
+    assert e.param == "body.6" and "json_invalid" in e.message
+
+
+def test_an_empty_json_body_is_a_missing_body() -> None:
+    e = error_of(lambda: api.parse_request_body(b"", content_type="application/json"))
+    assert e.body()["error"] == {
+        "message": "1 validation error:\n  {'type': 'missing', 'loc': 'body', "
+        "'msg': 'Field required', 'input': 'None'}",
+        "type": "Bad Request",
+        "param": "body",
+        "code": 400,
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "chat", "message"),
+    [
+        ({"model": "nope"}, False, "Either prompt or prompt_embeds must be provided"),
+        ({"model": "nope", "max_tokens": "x"}, False, "Either prompt or prompt_embeds"),
+        (
+            {"model": "nope", "prompt": "x", "stream_options": {"include_usage": True}},
+            False,
+            "Stream options can only be defined when `stream=True`.",
+        ),
+        ({"prompt": "x", "stream_options": 5}, False, "Stream options can only be defined"),
+        (
+            {"model": "nope", "max_tokens": "x", "stream_options": {"include_usage": True}},
+            True,
+            "Stream options can only be defined",
+        ),
+        ({"model": "nope"}, True, "'loc': 'body.messages', 'msg': 'Field required'"),
+    ],
+)
+def test_the_requests_own_checks_come_before_the_model_check(
+    body: dict[str, Any], chat: bool, message: str
+) -> None:
+    """vLLM's request models check these (pydantic before-validators, then
+    field types) before its serving layer looks the model up (as recorded
+    from FastAPI 0.136 with vLLM's request models and handlers)."""
+    e = error_of(lambda: api.parse_generation(body, VIEW, chat=chat))
+    assert e.status == 400
+    assert message in e.message
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_an_empty_model_is_the_default_one(chat: bool) -> None:
+    """vLLM's _is_model_supported: an empty name is no name."""
+    body: dict[str, Any] = {"model": "", "max_tokens": 1}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"})
+    assert api.parse_generation(body, ALIASED, chat=chat).model == "tiny"
+
+
+def test_continuous_usage_counts_each_choice_against_its_own_prompt() -> None:
+    """vLLM's completion stream: a chunk's usage is its prompt's tokens and
+    the tokens its choice has generated so far; the final usage sums them."""
+    body = {
+        "prompt": [[20, 21, 22], [30, 31]],
+        "n": 2,
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    encoder = wire.StreamEncoder(api.parse_generation(body, VIEW, chat=False), fingerprint="fp")
+    raw = b"".join(
+        encoder.delta(index=i, text="", num_tokens=k, finish_reason=None)
+        for i, k in [(0, 1), (1, 2), (2, 1), (3, 1), (0, 2), (3, 3)]
+    )
+    raw += b"".join(encoder.end())
+    usages = [
+        (e["usage"]["prompt_tokens"], e["usage"]["completion_tokens"])
+        for e in sse_events(raw.decode())[:-1]
+    ]
+    assert usages == [(3, 1), (3, 2), (2, 1), (2, 1), (3, 3), (2, 4), (5, 10)]
+
+
+def test_continuous_usage_of_a_chat_with_n_choices_is_per_choice() -> None:
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "n": 2,
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    gen = api.parse_generation(body, VIEW, chat=True)
+    prompt = len(gen.prompts[0])
+    encoder = wire.StreamEncoder(gen, fingerprint="fp")
+    raw = b"".join(encoder.start())
+    for i, k in [(0, 1), (1, 1), (0, 1)]:
+        raw += encoder.delta(index=i, text="", num_tokens=k, finish_reason=None)
+    usages = [e["usage"]["completion_tokens"] for e in sse_events(raw.decode())]
+    assert usages == [0, 0, 1, 1, 2]
+    assert {e["usage"]["prompt_tokens"] for e in sse_events(raw.decode())} == {prompt}

@@ -34,4 +34,12 @@ def test_chat_template_renders_every_message_and_opens_the_assistant_turn() -> N
     text = render_chat(
         [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     )
-    assert text == "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n"
+    assert text == "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>"
+
+
+def test_chat_template_renders_as_the_fixtures_model_did() -> None:
+    """api.tokenize.chat.txt's 33 tokens, decoded with the tiny model's
+    tokenizer (hack/vllm/make_tiny_model.py): its template's final newline is
+    dropped, as Jinja drops a template's trailing newline by default."""
+    text = render_chat([{"role": "user", "content": "Name a colour of the sky."}])
+    assert text == "<|user|>\nName a colour of the sky.\n<|assistant|>"

@@ -65,7 +65,7 @@ class OtherApis:
             async for tokens in stream.deltas():
                 yield self.app.engine.tokenizer.decode(tokens), len(tokens), stream
         except EngineDeadError as e:
-            raise api.ApiError(500, str(e), err_type="EngineDeadError") from None
+            raise api.server_error(str(e)) from None
         finally:
             self.app.in_flight -= 1
             stream.abort()
@@ -78,7 +78,7 @@ class OtherApis:
     # -- Responses -----------------------------------------------------------------
 
     async def create_response(self, request: web.Request) -> web.StreamResponse:
-        body = api.parse_body(await request.read())
+        body = await _read_json(request)
         previous_id = body.get("previous_response_id")
         previous: list[api.JsonDict] = []
         if previous_id is not None:
@@ -166,7 +166,7 @@ class OtherApis:
             ) from None
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        body = api.parse_body(await request.read())
+        body = await _read_json(request)
         stream = bool(body.get("stream"))
         gen = self._messages_gen(body, stream=stream)
         mid = request_id(chat=True)
@@ -200,7 +200,7 @@ class OtherApis:
         return response
 
     async def count_tokens(self, request: web.Request) -> web.StreamResponse:
-        body = api.parse_body(await request.read())
+        body = await _read_json(request)
         try:
             tokens = api.parse_tokenize(
                 {"model": body.get("model"), "messages": apis.messages_chat(body)},
@@ -214,6 +214,12 @@ class OtherApis:
 
     async def scale_out(self, _: web.Request) -> web.StreamResponse:
         raise apis.scale_out_disabled()
+
+
+async def _read_json(request: web.Request) -> api.JsonDict:
+    from shoal.sim.app import read_json  # app.py imports this module
+
+    return await read_json(request)
 
 
 def _json(body: object) -> web.Response:

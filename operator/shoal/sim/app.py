@@ -15,7 +15,7 @@ import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from shoal.sim import protocol as api
 from shoal.sim import responses as wire
@@ -24,7 +24,7 @@ from shoal.sim.auth import OUTSIDE_CORS, key_check
 from shoal.sim.engine import Engine, EngineDeadError, RequestStream
 from shoal.sim.faults import FAULT_PATH, refuse_seconds
 from shoal.sim.metrics import HTTP_EXCLUDED
-from shoal.sim.scheduler import Status
+from shoal.sim.scheduler import ParentRequest, Status
 
 # A sample line's value (comment lines start with '#'): what the "nan" and
 # "negative" faults replace.
@@ -196,12 +196,12 @@ class EngineApp:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def tokenize(self, request: web.Request) -> web.StreamResponse:
-        body = api.parse_body(await request.read())
+        body = await read_json(request)
         tokens = api.parse_tokenize(body, self.view)
         return json_response(wire.tokenize_response(tokens, max_model_len=self.view.max_model_len))
 
     async def detokenize(self, request: web.Request) -> web.StreamResponse:
-        body = api.parse_body(await request.read())
+        body = await read_json(request)
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise api.validation_error(
@@ -251,10 +251,8 @@ class EngineApp:
         raw = await request.read()
         poison = self.engine.faults.poison
         if poison and poison.encode() in raw:
-            raise api.ApiError(
-                500, "Simulated request error (poison)", err_type="InternalServerError"
-            )
-        body = api.parse_body(raw)
+            raise api.server_error("Simulated request error (poison)")
+        body = api.parse_request_body(raw, content_type=request.headers.get(hdrs.CONTENT_TYPE))
         gen = api.parse_generation(body, self.view, chat=chat)
         streams = self._submit(gen)
         self.in_flight += 1
@@ -263,7 +261,7 @@ class EngineApp:
                 return await self._stream(request, gen, streams)
             return await self._complete(gen, streams)
         except EngineDeadError as e:
-            raise api.ApiError(500, str(e), err_type="EngineDeadError") from None
+            raise api.server_error(str(e)) from None
         finally:
             self.in_flight -= 1
             for stream in streams:
@@ -274,27 +272,27 @@ class EngineApp:
         engine = self.engine
         rate = engine.faults.error_rate
         if engine.dead:
-            raise api.ApiError(500, EngineDeadError.MESSAGE, err_type="EngineDeadError")
+            raise api.server_error(EngineDeadError.MESSAGE)
         if self.shutting_down:
             # vLLM 0.32's words: its executor is shut down (tests/vllm compare).
-            raise api.ApiError(
-                500, "cannot schedule new futures after shutdown", err_type="InternalServerError"
-            )
+            raise api.server_error("cannot schedule new futures after shutdown")
         if rate and engine.error_rng.random() < rate:
-            raise api.ApiError(
-                500, "Simulated engine error (--sim-error-rate)", err_type="InternalServerError"
-            )
-        return [
-            engine.submit(
-                prompt_ids=list(prompt),
-                max_tokens=gen.max_tokens,
-                seed=gen.seed,
-                ignore_eos=gen.ignore_eos,
-                choice=k,
-            )
-            for prompt in gen.prompts
-            for k in range(gen.n)
-        ]
+            raise api.server_error("Simulated engine error (--sim-error-rate)")
+        streams = []
+        for prompt in gen.prompts:
+            parent = ParentRequest(n=gen.n) if gen.n > 1 else None
+            streams += [
+                engine.submit(
+                    prompt_ids=list(prompt),
+                    max_tokens=gen.max_tokens,
+                    seed=gen.seed,
+                    ignore_eos=gen.ignore_eos,
+                    choice=k,
+                    parent=parent,
+                )
+                for k in range(gen.n)
+            ]
+        return streams
 
     async def _complete(
         self, gen: api.GenerationRequest, streams: list[RequestStream]
@@ -320,7 +318,7 @@ class EngineApp:
                 created=int(time.time()),
                 model=gen.model,
                 choices=choices,
-                prompt_tokens=sum(len(p) for p in gen.prompts),
+                prompt_tokens=gen.prompt_tokens,
                 fingerprint=self.fingerprint,
             )
         )
@@ -357,8 +355,7 @@ class EngineApp:
                         )
                     )
             except EngineDeadError as e:
-                error = api.ApiError(500, str(e), err_type="EngineDeadError")
-                await response.write(encoder.error(error))
+                await response.write(encoder.error(api.server_error(str(e))))
                 await response.write(wire.sse("[DONE]"))
             else:
                 for event in encoder.end():
@@ -399,6 +396,12 @@ async def merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, list[
     finally:
         for task in tasks:
             task.cancel()
+
+
+async def read_json(request: web.Request) -> api.JsonDict:
+    """The body of one of vLLM's JSON routes."""
+    raw = await request.read()
+    return api.parse_request_body(raw, content_type=request.headers.get(hdrs.CONTENT_TYPE))
 
 
 def json_response(

@@ -22,7 +22,7 @@ from shoal.sim.config import EngineConfig
 from shoal.sim.faults import Faults
 from shoal.sim.kv_cache import BlockPool
 from shoal.sim.metrics import EngineMetrics
-from shoal.sim.scheduler import Scheduler, Sequence, Status
+from shoal.sim.scheduler import ParentRequest, Scheduler, Sequence, Status
 from shoal.sim.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -140,6 +140,7 @@ class Engine:
         seed: int | None,
         ignore_eos: bool,
         choice: int = 0,
+        parent: ParentRequest | None = None,
     ) -> RequestStream:
         if self.dead:
             raise EngineDeadError(EngineDeadError.MESSAGE)
@@ -151,6 +152,7 @@ class Engine:
             max_tokens=max_tokens,
             sample=self._sampler(prompt_ids, seed, ignore_eos, choice),
             arrival=self.now(),
+            parent=parent,
         )
         stream = RequestStream(self, seq)
         self._streams[seq] = stream

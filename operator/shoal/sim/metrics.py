@@ -373,8 +373,14 @@ class EngineMetrics:
         scheduled = seq.first_scheduled if seq.first_scheduled is not None else now
         first = seq.first_token if seq.first_token is not None else now
         last = seq.last_token if seq.last_token is not None else now
-        self.max_generation_tokens.observe(seq.max_tokens)
-        self.params_n.observe(1)
+        # Per request, not per choice: once its last choice has ended.
+        parent = seq.parent
+        if parent is None:
+            self.max_generation_tokens.observe(seq.num_output)
+            self.params_n.observe(1)
+        elif parent.finish_choice(seq.num_output):
+            self.max_generation_tokens.observe(parent.max_output)
+            self.params_n.observe(parent.n)
         self.e2e.observe(now - seq.arrival)
         # From the scheduler's queue, as vLLM's engine core counts it: the
         # frontend's time is in the TTFT, not here.

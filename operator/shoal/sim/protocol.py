@@ -9,6 +9,7 @@ VLLMValidationError's "(parameter=..., value=...)" suffix.
 
 from __future__ import annotations
 
+import email.message
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,6 +49,12 @@ def bad_request(message: str, *, parameter: str | None = None, value: object = N
     return ApiError(400, message, err_type="BadRequestError", param=parameter)
 
 
+def server_error(message: str) -> ApiError:
+    """vLLM's answer to a server-side failure (VLLMServerError, a dead engine
+    core's EngineDeadError among them): 500, typed "InternalServerError"."""
+    return ApiError(500, message, err_type="InternalServerError")
+
+
 def not_found_model(model: str, served: Sequence[str]) -> ApiError:
     return ApiError(
         404,
@@ -64,17 +71,54 @@ def _describe(value: object) -> object:
     return value if isinstance(value, str) else str(value)
 
 
-def validation_error(errors: Sequence[JsonDict]) -> ApiError:
-    """FastAPI's RequestValidationError as vLLM renders it."""
+def validation_error(errors: Sequence[JsonDict | str]) -> ApiError:
+    """FastAPI's RequestValidationError as vLLM renders it (an error raised
+    as a plain string, as vLLM's own checks do, names no parameter)."""
     label = "error" if len(errors) == 1 else "errors"
     message = f"{len(errors)} validation {label}:\n" + "".join(f"  {e}\n" for e in errors)
-    param = errors[0]["loc"] if errors else None
+    first = errors[0] if errors else None
+    param = first["loc"] if isinstance(first, dict) else None
     return ApiError(400, message.rstrip(), err_type="Bad Request", param=param)
 
 
+JSON_MEDIA_TYPE = "application/json"
+
+
+def _json_typed(content_type: str) -> bool:
+    """Whether FastAPI decodes a body of this type as JSON (application/json
+    or application/*+json, in any case, with any parameters)."""
+    header = email.message.Message()
+    header["content-type"] = content_type
+    subtype = header.get_content_subtype()
+    return header.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
+def parse_request_body(raw: bytes, *, content_type: str | None) -> JsonDict:
+    """The body of one of vLLM's JSON routes, checked in FastAPI's order:
+    a JSON-typed body is decoded first (a decode error wins), then vLLM's
+    validate_json_request wants the media type exactly application/json (a
+    missing Content-Type fails too), then an empty or null body is missing."""
+    header = content_type or ""
+    decoded = _decode(raw) if raw and _json_typed(header) else None
+    if header.lower().split(";", 1)[0] != JSON_MEDIA_TYPE:
+        raise validation_error(["Unsupported Media Type: Only 'application/json' is allowed"])
+    if decoded is None:
+        raise validation_error(
+            [{"type": "missing", "loc": "body", "msg": "Field required", "input": "None"}]
+        )
+    return _object(decoded)
+
+
 def parse_body(raw: bytes) -> JsonDict:
+    """A JSON object, whatever its Content-Type (the simulator's fault API)."""
+    return _object(_decode(raw))
+
+
+def _decode(raw: bytes) -> object:
     try:
-        body = json.loads(raw)
+        return json.loads(raw)
     except ValueError as e:
         pos = e.pos if isinstance(e, json.JSONDecodeError) else 0
         msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
@@ -89,6 +133,9 @@ def parse_body(raw: bytes) -> JsonDict:
                 }
             ]
         ) from None
+
+
+def _object(body: object) -> JsonDict:
     if not isinstance(body, dict):
         raise validation_error(
             [
@@ -187,6 +234,12 @@ class ModelView:
     tokenizer: Tokenizer
     max_chars_per_token: int = 5
 
+    @property
+    def model_name(self) -> str:
+        """The name every response carries, whichever alias was asked for
+        (vLLM's OpenAIServingModels.model_name: the first served name)."""
+        return self.served_names[0]
+
 
 @dataclass(frozen=True, kw_only=True)
 class GenerationRequest:
@@ -206,38 +259,37 @@ class GenerationRequest:
     def num_choices(self) -> int:
         return len(self.prompts) * self.n
 
+    @property
+    def prompt_tokens(self) -> int:
+        """The usage's prompt tokens: each prompt once, whatever n."""
+        return sum(len(p) for p in self.prompts)
 
-def _model(body: JsonDict, view: ModelView) -> str:
+
+def _check_model(body: JsonDict, view: ModelView) -> None:
     model = body.get("model")
     if model is None:
-        return view.served_names[0]
+        return
     if not isinstance(model, str):
         raise _type_error("model", model, "string_type", "Input should be a valid string")
-    if model not in view.served_names:
+    # An empty name asks for the default model (vLLM's _is_model_supported).
+    if model and model not in view.served_names:
         raise not_found_model(model, view.served_names)
-    return model
 
 
-def _prompts(body: JsonDict, view: ModelView) -> list[list[int]]:
+def _prompt_texts(body: JsonDict) -> list[str | list[int]]:
     prompt = body.get("prompt")
-    if prompt is None or prompt == "" or prompt == []:
-        raise bad_request(
-            "Either prompt or prompt_embeds must be provided and non-empty.", parameter="prompt"
-        )
     if isinstance(prompt, str):
-        texts: list[str | list[int]] = [prompt]
-    elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-        texts = [prompt]
-    elif isinstance(prompt, list) and all(
+        return [prompt]
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return [prompt]
+    if isinstance(prompt, list) and all(
         isinstance(p, str) or (isinstance(p, list) and all(isinstance(t, int) for t in p))
         for p in prompt
     ):
-        texts = prompt
-    else:
-        raise _type_error(
-            "prompt", prompt, "union_type", "Input should be a valid string or list of tokens"
-        )
-    return [_tokens(p, view) for p in texts]
+        return prompt
+    raise _type_error(
+        "prompt", prompt, "union_type", "Input should be a valid string or list of tokens"
+    )
 
 
 def _tokens(prompt: str | list[int], view: ModelView) -> list[int]:
@@ -270,7 +322,7 @@ def _tokens(prompt: str | list[int], view: ModelView) -> list[int]:
     return ids
 
 
-def _chat_prompt(body: JsonDict, view: ModelView) -> list[int]:
+def _messages(body: JsonDict) -> list[JsonDict]:
     messages = body.get("messages")
     if messages is None:
         raise validation_error(
@@ -285,12 +337,23 @@ def _chat_prompt(body: JsonDict, view: ModelView) -> list[int]:
         )
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise _type_error("messages", messages, "list_type", "Input should be a valid list")
-    return _tokens(render_chat(messages), view)
+    return messages
 
 
 def parse_generation(body: JsonDict, view: ModelView, *, chat: bool) -> GenerationRequest:
-    """Check a /v1/completions or /v1/chat/completions body, in vLLM's order:
-    field types, the model, the prompt, max_tokens against the context."""
+    """Check a /v1/completions or /v1/chat/completions body in vLLM's order:
+    its request model's own checks (a prompt given, stream_options only with
+    stream: pydantic before-validators, on the raw values), field types, then
+    its serving layer's: the model, n, max_tokens and the prompt against the
+    context, token ids."""
+    if not chat and body.get("prompt") in (None, "", []):
+        raise bad_request(
+            "Either prompt or prompt_embeds must be provided and non-empty.", parameter="prompt"
+        )
+    if body.get("stream_options") and not body.get("stream"):
+        raise bad_request(
+            "Stream options can only be defined when `stream=True`.", parameter="stream_options"
+        )
     requested = _int(body, "max_tokens")
     if chat:
         requested = _int(body, "max_completion_tokens", requested)
@@ -307,11 +370,8 @@ def parse_generation(body: JsonDict, view: ModelView, *, chat: bool) -> Generati
         )
     include_usage = _bool(options, "include_usage")
     continuous = _bool(options, "continuous_usage_stats")
-    model = _model(body, view)
-    if options and not stream:
-        raise bad_request(
-            "Stream options can only be defined when `stream=True`.", parameter="stream_options"
-        )
+    texts = [render_chat(_messages(body))] if chat else _prompt_texts(body)
+    _check_model(body, view)
     if n < 1:
         raise bad_request(f"n must be at least 1, got {n}.")
     limit = view.max_model_len
@@ -322,7 +382,7 @@ def parse_generation(body: JsonDict, view: ModelView, *, chat: bool) -> Generati
             parameter="max_tokens",
             value=requested,
         )
-    prompts = [_chat_prompt(body, view)] if chat else _prompts(body, view)
+    prompts = [_tokens(text, view) for text in texts]
     longest = max(len(p) for p in prompts)
     max_tokens = min(limit - longest, requested) if requested is not None else limit - longest
     if max_tokens < 1:
@@ -339,7 +399,7 @@ def parse_generation(body: JsonDict, view: ModelView, *, chat: bool) -> Generati
             raise bad_request(f"Token id {bad[0]} is out of vocabulary")
     return GenerationRequest(
         chat=chat,
-        model=model,
+        model=view.model_name,
         prompts=tuple(tuple(p) for p in prompts),
         n=n,
         max_tokens=max_tokens,
@@ -353,7 +413,7 @@ def parse_generation(body: JsonDict, view: ModelView, *, chat: bool) -> Generati
 
 
 def parse_tokenize(body: JsonDict, view: ModelView) -> list[int]:
-    _model(body, view)
+    _check_model(body, view)
     add_special = _bool(body, "add_special_tokens", True)
     if "messages" in body:
         text = render_chat(body["messages"] if isinstance(body["messages"], list) else [])

@@ -258,8 +258,7 @@ class StreamEncoder:
         self.rid = request_id(gen.chat)
         self.created = int(time.time()) if created is None else created
         self.fingerprint = fingerprint
-        self.prompt_tokens = sum(len(p) for p in gen.prompts)
-        self.generated = 0
+        self.generated = [0] * gen.num_choices  # per choice, in prompts x n order
 
     def start(self) -> list[bytes]:
         if not self.gen.chat:
@@ -270,12 +269,12 @@ class StreamEncoder:
                 rid=self.rid, created=self.created, model=self.gen.model, index=i
             )
             if self.gen.continuous_usage:
-                chunk = self._with_usage(chunk)
+                chunk = self._with_usage(chunk, index=i)
             events.append(sse(chunk))
         return events
 
     def delta(self, *, index: int, text: str, num_tokens: int, finish_reason: str | None) -> bytes:
-        self.generated += num_tokens
+        self.generated[index] += num_tokens
         build = chat_chunk if self.gen.chat else completion_chunk
         chunk = build(
             rid=self.rid,
@@ -288,13 +287,15 @@ class StreamEncoder:
         if finish_reason is not None and not self.gen.include_usage:
             chunk["system_fingerprint"] = self.fingerprint
         if self.gen.continuous_usage:
-            chunk = self._with_usage(chunk)
+            chunk = self._with_usage(chunk, index=index)
         return sse(chunk)
 
-    def _with_usage(self, chunk: JsonDict) -> JsonDict:
-        """continuous_usage_stats: usage right after choices; chat's also
-        names completion_tokens_details (null)."""
-        body = usage(self.prompt_tokens, self.generated, details=False)
+    def _with_usage(self, chunk: JsonDict, *, index: int) -> JsonDict:
+        """continuous_usage_stats: usage right after choices, of the choice's
+        own prompt and tokens so far (not the request's); chat's also names
+        completion_tokens_details (null)."""
+        prompt = self.gen.prompts[index // self.gen.n]
+        body = usage(len(prompt), self.generated[index], details=False)
         if self.gen.chat:
             body["completion_tokens_details"] = None
         out: JsonDict = {}
@@ -305,7 +306,9 @@ class StreamEncoder:
         return out
 
     def error(self, error: ApiError) -> bytes:
-        return sse(error.body())
+        # Not compact, unlike the chunks: vLLM's create_streaming_error_response
+        # writes it with json.dumps' default separators.
+        return f"data: {json.dumps(error.body())}\n\n".encode()
 
     def end(self) -> list[bytes]:
         events = []
@@ -315,7 +318,7 @@ class StreamEncoder:
                 chat=self.gen.chat,
                 created=self.created,
                 model=self.gen.model,
-                usage_body=usage(self.prompt_tokens, self.generated, details=False),
+                usage_body=usage(self.gen.prompt_tokens, sum(self.generated), details=False),
                 fingerprint=self.fingerprint,
             )
             events.append(sse(body))

@@ -29,6 +29,22 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
+@dataclass(eq=False)
+class ParentRequest:
+    """The n > 1 choices of one prompt (vLLM's ParentRequest): some stats are
+    per request, recorded once the last choice ends."""
+
+    n: int
+    max_output: int = 0  # the most tokens a finished choice generated
+    finished: int = 0
+
+    def finish_choice(self, num_output: int) -> bool:
+        """Note a choice's end; True when it was the last one."""
+        self.max_output = max(self.max_output, num_output)
+        self.finished += 1
+        return self.finished == self.n
+
+
 @dataclass(eq=False, kw_only=True)
 class Sequence:
     request_id: str
@@ -38,6 +54,7 @@ class Sequence:
     # Returns the next token to sample, or None for end of sequence.
     sample: Callable[[], int | None]
     arrival: float  # at the API server: where vLLM's TTFT starts
+    parent: ParentRequest | None = None  # None for a request of one choice
     # When the frontend handed it to the scheduler: where vLLM's queue time
     # starts (None while the frontend still has it).
     queued: float | None = None
@@ -74,7 +91,7 @@ class StepPlan:
     decode_context_tokens: int = 0  # the context the decoding sequences attend to
     preempted: list[Sequence] = field(default_factory=list)
     # Prefix-cache lookups of first admissions (preempted ones are not
-    # counted, as in vLLM's PrefixCacheStats), in tokens.
+    # counted, as in vLLM's PrefixCacheStats; none without prefix caching), in tokens.
     prefix_queries: int = 0
     prefix_hits: int = 0
 
@@ -169,8 +186,9 @@ class Scheduler:
             if seq.num_preemptions == 0:
                 seq.num_cached_prompt_tokens = seq.num_computed
                 seq.first_scheduled = now
-                plan.prefix_queries += seq.num_tokens
-                plan.prefix_hits += seq.num_computed
+                if self.pool.enable_caching:  # no lookup, no stats (as vLLM's)
+                    plan.prefix_queries += seq.num_tokens
+                    plan.prefix_hits += seq.num_computed
             seq.status = Status.RUNNING
             self.running.append(seq)
             scheduled[seq] = n

@@ -72,7 +72,9 @@ class Tokenizer:
 
 
 def render_chat(messages: Sequence[dict[str, object]]) -> str:
-    """A fixed chat template: one block per message, then the assistant's turn."""
+    """A fixed chat template: one block per message, then the assistant's turn
+    (the fixtures' model's template; Jinja drops the template's final newline,
+    so the prompt ends at `<|assistant|>`)."""
     parts = []
     for message in messages:
         content = message.get("content")
@@ -81,5 +83,5 @@ def render_chat(messages: Sequence[dict[str, object]]) -> str:
                 str(part.get("text", "")) for part in content if isinstance(part, dict)
             )
         parts.append(f"<|{message.get('role', 'user')}|>\n{content or ''}\n")
-    parts.append("<|assistant|>\n")
+    parts.append("<|assistant|>")
     return "".join(parts)
