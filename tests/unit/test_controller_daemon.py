@@ -32,20 +32,26 @@ class _Stop:
         return self.set
 
 
+def _context(events: list[Event]) -> OperatorContext:
+    """An operator whose Events, posted or recorded, land in `events`."""
+
+    async def recorded(_: Any, event: Event) -> None:
+        events.append(event)
+
+    return OperatorContext(
+        settings=ControllerSettings(router_image="shoal:test"),
+        post_event=lambda _, event: events.append(event),
+        record_event=recorded,
+    )
+
+
 def test_a_pass_that_raises_anything_is_reported_once_and_retried_with_the_clusters_memory(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     events: list[Event] = []
     forgotten: list[object] = []
 
-    async def recorded(_: Any, event: Event) -> None:
-        events.append(event)
-
-    ctx = OperatorContext(
-        settings=ControllerSettings(router_image="shoal:test"),
-        post_event=lambda _, event: events.append(event),
-        record_event=recorded,
-    )
+    ctx = _context(events)
     monkeypatch.setattr(ctx, "forget", lambda ref, *, deleted: forgotten.append(ref))
     memo: dict[str, Any] = {"shoal": ctx}
     body = kopf.Body({"metadata": {"name": "c", "namespace": "ns", "uid": "u1"}, "spec": {}})
@@ -88,14 +94,7 @@ def test_the_same_refused_write_is_reported_once_though_every_pass_meets_it(
     normally, and every pass meets it again: one Warning, not one a pass."""
     events: list[Event] = []
 
-    async def recorded(_: Any, event: Event) -> None:
-        events.append(event)
-
-    ctx = OperatorContext(
-        settings=ControllerSettings(router_image="shoal:test"),
-        post_event=lambda _, event: events.append(event),
-        record_event=recorded,
-    )
+    ctx = _context(events)
     monkeypatch.setattr(ctx, "forget", lambda ref, *, deleted: None)
     body = kopf.Body({"metadata": {"name": "c", "namespace": "ns", "uid": "u1"}, "spec": {}})
     stop = _Stop()
