@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import httpx
 
-from shoal.procs import LocalProcess, start_router, wait_until
+from shoal.procs import LocalProcess, http_status, start_router, wait_until
 from tests.integration.procs import MODEL, free_port, router, sims, wait_scraped
 
 
@@ -66,10 +66,14 @@ def test_rotated_keys_are_taken_up_without_a_restart(tmp_path: Path) -> None:
         assert status("sk-old") == 401
         # A Secret emptied by mistake must not open the router, nor close it.
         rewrite("")
-        time.sleep(1)
+        wait_until(
+            lambda: "keeping the previous 1 key(s)" in (tmp_path / "router.log").read_text(),
+            what="the emptied file read",
+            timeout=10,
+            interval=0.1,
+        )
         assert status("sk-new") == 200 and status("sk-old") == 401
         assert _post(front, body).status_code == 401
-    assert "keeping the previous 1 key(s)" in (tmp_path / "router.log").read_text()
 
 
 def test_the_api_key_file_flag_overrides_the_config_and_a_missing_file_stops_the_router(
@@ -163,6 +167,16 @@ def test_hot_prefixes_are_served_on_the_internal_port_only_and_with_a_key(
         assert httpx.get(front + "/hot-prefixes", timeout=5).status_code == 404
 
 
+def _wait_draining(front: str) -> None:
+    """Until the router, signalled, says it is draining (no longer Ready)."""
+    wait_until(
+        lambda: http_status(front + "/ready") == 503,
+        what="the router draining: /ready 503",
+        timeout=10,
+        interval=0.05,
+    )
+
+
 def test_sigterm_drains_in_flight_streams_before_exit(tmp_path: Path) -> None:
     with (
         sims(1, tmp_path, time_scale=1.0) as urls,
@@ -171,6 +185,7 @@ def test_sigterm_drains_in_flight_streams_before_exit(tmp_path: Path) -> None:
         front = process.url
         process.wait_http("/ready")
         received: list[bytes] = []
+        flowing = threading.Event()
 
         def stream() -> None:
             with httpx.stream(
@@ -180,19 +195,21 @@ def test_sigterm_drains_in_flight_streams_before_exit(tmp_path: Path) -> None:
                 json={
                     "model": MODEL,
                     "prompt": "long",
-                    "max_tokens": 150,
+                    "max_tokens": 1500,  # ~3 s at time scale 1
                     "ignore_eos": True,
                     "stream": True,
                 },
             ) as response:
-                received.extend(response.iter_raw())
+                for piece in response.iter_raw():
+                    received.append(piece)
+                    flowing.set()
 
         worker = threading.Thread(target=stream)
         worker.start()
-        time.sleep(0.3)
+        # In flight for sure, whatever a busy CPU makes of the thread's start.
+        assert flowing.wait(30), "the stream never started"
         process.popen.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
-        assert httpx.get(front + "/ready", timeout=5).status_code == 503, "draining is not Ready"
+        _wait_draining(front)
         worker.join(timeout=60)
         assert b"".join(received).rstrip().endswith(b"data: [DONE]"), "the stream was cut"
         assert process.wait_exit(timeout=30) == 0
@@ -234,19 +251,21 @@ def test_draining_moves_kept_alive_clients_off_and_serves_those_that_still_come(
             assert b"connection: close" not in _exchange(connection, "/v1/models").lower()
         done = threading.Event()
 
+        flowing = threading.Event()
+
         def stream() -> None:  # keeps the drain going
-            body = {"model": MODEL, "prompt": "long", "max_tokens": 800, "stream": True}
+            body = {"model": MODEL, "prompt": "long", "max_tokens": 1500, "stream": True}
             body["ignore_eos"] = True
             with httpx.stream("POST", front + "/v1/completions", json=body, timeout=60) as answer:
                 for _ in answer.iter_raw():
-                    pass
+                    flowing.set()
             done.set()
 
         worker = threading.Thread(target=stream)
         worker.start()
-        time.sleep(0.3)
+        assert flowing.wait(30), "the stream never started"
         process.popen.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
+        _wait_draining(front)
         head = _exchange(kept, "/v1/models")
         assert head.startswith(b"HTTP/1.1 200") and b"connection: close" in head.lower(), head
         assert kept.recv(1) == b"", "a connection told to close stays open"

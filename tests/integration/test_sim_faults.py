@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from shoal.sim.profiles import PROFILES
 from tests.integration.sim_proc import free_ports, sim
 
 COMPLETION = {"model": "tiny", "prompt": "hello there", "max_tokens": 50}
@@ -57,14 +58,15 @@ def test_hang_by_flag(tmp_path: Path) -> None:
 
 
 def test_a_crash_turns_health_503_then_the_process_exits(tmp_path: Path) -> None:
+    # Seconds enough for two requests on a busy CPU before the process goes.
     port = free_ports(1)[0]
-    args = ("--sim-fault-api", "--sim-crash-exit-seconds", "1")
-    with sim(tmp_path, *args, port=port) as (process, url):
-        httpx.post(f"{url}/_sim/fault", json={"crash": True})
-        assert httpx.get(f"{url}/health").status_code == 503
-        response = httpx.post(f"{url}/v1/completions", json=COMPLETION)
+    args = ("--sim-fault-api", "--sim-crash-exit-seconds", "5")
+    with sim(tmp_path, *args, port=port) as (process, url), httpx.Client(timeout=5) as client:
+        client.post(f"{url}/_sim/fault", json={"crash": True})
+        assert client.get(f"{url}/health").status_code == 503
+        response = client.post(f"{url}/v1/completions", json=COMPLETION)
         assert response.status_code == 500
-        assert process.proc.wait(10) == 1
+        assert process.proc.wait(15) == 1
         assert refused(port)
 
 
@@ -129,10 +131,11 @@ def test_connection_reset_by_flag(tmp_path: Path) -> None:
 
 
 def test_crash_by_flag_exits(tmp_path: Path) -> None:
+    # Not waited healthy: on a busy CPU it may crash before /health is asked.
     port = free_ports(1)[0]
     args = ("--sim-crash-after", "0.5", "--sim-crash-exit-seconds", "0.2")
-    with sim(tmp_path, *args, port=port) as (process, _):
-        assert process.proc.wait(10) == 1
+    with sim(tmp_path, *args, port=port, wait=False) as (process, _):
+        assert process.proc.wait(20) == 1
 
 
 def test_error_rate_answers_500_with_an_error_body(tmp_path: Path) -> None:
@@ -144,16 +147,20 @@ def test_error_rate_answers_500_with_an_error_body(tmp_path: Path) -> None:
 
 
 def test_slowness_stretches_steps(tmp_path: Path) -> None:
-    with sim(tmp_path, "--sim-fault-api") as (_, url):
+    # A bound a busy CPU cannot break (steps sleep at least their time), where
+    # a ratio of two wall times could: 50 decode steps of tiny-cpu, 20 times.
+    least = 0.9 * 20 * 50 * PROFILES["tiny-cpu"].step_seconds(prompt_tokens=0, decode_seqs=1)
+    with sim(tmp_path, "--sim-fault-api") as (_, url), httpx.Client(timeout=30) as client:
 
         def timed() -> float:
             started = time.perf_counter()
-            httpx.post(f"{url}/v1/completions", json=COMPLETION, timeout=30)
+            client.post(f"{url}/v1/completions", json=COMPLETION).raise_for_status()
             return time.perf_counter() - started
 
         fast = timed()
-        httpx.post(f"{url}/_sim/fault", json={"slowness": 20})
-        assert timed() > 5 * fast
+        client.post(f"{url}/_sim/fault", json={"slowness": 20})
+        slow = timed()
+    assert slow >= least and slow > fast, (slow, fast, least)
 
 
 @pytest.mark.parametrize(("mode", "status"), [("error", 500), ("garbage", 200)])
