@@ -2,9 +2,10 @@
 
 kubelet keeps only a log's last 2 KB as the termination message
 (FallbackToLogsOnError), and vLLM's cause comes before the API server's
-traceback of ~4.5 KB; so the previous run's log is read through the API
-(pods/log) and what it says (`failures.last_words`) stands in for that
-message. A log that cannot be read leaves the termination message."""
+traceback of ~4.5 KB; so the crashed run's log is read through the API
+(pods/log: the container's own while it lies terminated, else `previous`)
+and what it says (`failures.last_words`) stands in for that message. A log
+that cannot be read leaves the termination message."""
 
 from __future__ import annotations
 
